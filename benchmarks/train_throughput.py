@@ -1,0 +1,153 @@
+"""Training and forward throughput of qkov against TransformerLens 3.x, side by side in one run.
+
+Both libraries get the same attention-only config, batch, optimizer (AdamW), loss and thread count.
+Measurements alternate between the two (qkov, TL, qkov, TL, ...) so that a noisy machine hits both
+alike; the figure is the median over repetitions. Model FLOPs utilisation (MFU) is the model's
+matmul FLOPs per second over the fp32 matmul rate measured on this machine in the same run.
+
+    python benchmarks/train_throughput.py            # the issue's config, 1 thread
+    python benchmarks/train_throughput.py --threads 2 --dtype bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import qkov
+
+
+def loss_fn(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def make_tl(cfg: qkov.Config, source: qkov.AttnOnlyTransformer):
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    tl_cfg = HookedTransformerConfig(
+        n_layers=cfg.n_layers,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        d_head=cfg.d_head,
+        d_vocab=cfg.d_vocab,
+        n_ctx=cfg.n_ctx,
+        attn_only=True,
+        normalization_type=None,
+        positional_embedding_type=cfg.positional_embedding,
+        device="cpu",
+        seed=0,
+    )
+    model = HookedTransformer(tl_cfg)
+    model.load_state_dict(qkov.interop.to_transformer_lens(source), strict=False)
+    return model
+
+
+def model_flops_per_token(cfg: qkov.Config, seq: int) -> float:
+    """Forward matmul FLOPs per token: Q, K, V, O projections, scores and mixing, unembedding."""
+    hd = cfg.n_heads * cfg.d_head
+    per_layer = 2 * 4 * cfg.d_model * hd + 2 * 2 * hd * seq / 2  # causal: half the pairs on average
+    return cfg.n_layers * per_layer + 2 * cfg.d_model * cfg.d_vocab
+
+
+def matmul_rate(n: int = 2048) -> float:
+    """The machine's fp32 matmul rate (FLOP/s) at a square size, best of a few runs."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def timed(fn, reps: int) -> list[float]:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--n-heads", type=int, default=8)
+    parser.add_argument("--d-head", type=int, default=64)
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--n-ctx", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=6)
+    parser.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16 = torch.autocast to bfloat16 for both libraries",
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    cfg = qkov.Config(args.layers, args.n_heads, args.d_model, args.d_head, args.vocab_size, args.n_ctx)
+    ours = qkov.AttnOnlyTransformer(cfg)
+    theirs = make_tl(cfg, ours)
+    tokens = torch.randint(0, cfg.d_vocab, (args.batch_size, cfg.n_ctx))
+    n_tokens = tokens.numel()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+
+    def train_step(model, optimizer):
+        def step():
+            with autocast:
+                loss = loss_fn(model(tokens), tokens)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+    def forward(model):
+        def run():
+            with torch.inference_mode(), autocast:
+                model(tokens)
+
+        return run
+
+    runs = {
+        ("train", "qkov"): train_step(ours, torch.optim.AdamW(ours.parameters(), lr=1e-3)),
+        ("train", "TransformerLens"): train_step(theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-3)),
+        ("forward", "qkov"): forward(ours),
+        ("forward", "TransformerLens"): forward(theirs),
+    }
+    for fn in runs.values():  # warm-up
+        fn()
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
+    for _ in range(args.reps):
+        for key, fn in runs.items():
+            times[key] += timed(fn, 1)
+    rate = matmul_rate()
+
+    flops = model_flops_per_token(cfg, cfg.n_ctx)
+    print(
+        f"config: {args.layers} layers, d_model {args.d_model}, {args.n_heads} heads x {args.d_head}, "
+        f"vocab {args.vocab_size}, batch {args.batch_size} x {args.n_ctx}, {args.threads} thread(s), "
+        f"{args.dtype}, torch {torch.__version__}"
+    )
+    print(f"measured fp32 matmul rate: {rate / 1e9:.0f} GFLOP/s")
+    for kind, mult in (("train", 3), ("forward", 1)):
+        tps = {lib: n_tokens / statistics.median(times[(kind, lib)]) for lib in ("qkov", "TransformerLens")}
+        for lib, value in tps.items():
+            mfu = value * flops * mult / rate
+            print(f"{kind:8s} {lib:16s} {value:9.0f} tokens/s   MFU {100 * mfu:5.1f}%")
+        print(f"{kind:8s} ratio qkov / TransformerLens: {tps['qkov'] / tps['TransformerLens']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

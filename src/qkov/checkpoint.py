@@ -1,0 +1,152 @@
+"""Checkpoint folders: ``config.json``, ``model.safetensors`` and, when there is one,
+``tokenizer.json``. Never pickle: loading reads tensors and JSON, and executes nothing.
+
+Loading validates everything and raises :class:`QkovError` with one line that names the problem
+and the tensor: missing or unexpected tensors, shapes that do not fit the config, non-finite values,
+a truncated or corrupt file, a tokenizer whose vocabulary does not fit ``d_vocab``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from qkov.config import Config
+from qkov.errors import QkovError
+from qkov.io import atomic_write, atomic_write_text
+from qkov.model import AttnOnlyTransformer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+BIAS_NAMES = ("b_Q", "b_K", "b_V", "b_O")
+
+
+def expected_shapes(cfg: Config) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """The tensors a checkpoint of ``cfg`` must hold, and the optional biases (absent = zero)."""
+    h, d, e, v = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_vocab
+    required: dict[str, tuple[int, ...]] = {"W_E": (v, d), "W_U": (d, v)}
+    optional: dict[str, tuple[int, ...]] = {"b_U": (v,)}
+    if cfg.has_positions:
+        required["W_pos"] = (cfg.n_ctx, d)
+    for layer in range(cfg.n_layers):
+        p = f"blocks.{layer}.attn."
+        required |= {p + "W_Q": (h, d, e), p + "W_K": (h, d, e), p + "W_V": (h, d, e), p + "W_O": (h, e, d)}
+        optional |= {p + "b_Q": (h, e), p + "b_K": (h, e), p + "b_V": (h, e), p + "b_O": (d,)}
+    return required, optional
+
+
+def save(model: AttnOnlyTransformer, path: str | os.PathLike, tokenizer: Tokenizer | None = None) -> Path:
+    """Write ``model`` (and ``tokenizer``, else ``model.tokenizer`` if set) as a checkpoint folder.
+
+    Each file is written atomically. Returns the folder.
+    """
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise QkovError(f"{folder}: exists and is not a folder")
+    tokenizer = tokenizer if tokenizer is not None else model.tokenizer
+    tensors = {name: p.detach().contiguous().cpu() for name, p in model.named_parameters()}
+    atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
+    if tokenizer is not None:
+        atomic_write_text(folder / TOKENIZER_FILE, tokenizer.to_str())
+    atomic_write_text(folder / CONFIG_FILE, model.cfg.to_json())
+    return folder
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    file = Path(path) / CONFIG_FILE
+    if not file.is_file():
+        raise QkovError(f"{path}: not a checkpoint folder (no {CONFIG_FILE})")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise QkovError(f"{file}: not valid JSON ({err})") from None
+    return Config.from_dict(data)
+
+
+def read_tensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Every tensor of a safetensors file and its metadata, with one clear error if the file is
+    missing, truncated or corrupt."""
+    if not file.is_file():
+        raise QkovError(f"{file}: missing")
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}, f.metadata() or {}  # noqa: SIM118
+    except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise QkovError(f"{file}: truncated or corrupt safetensors file ({reason})") from None
+
+
+def check_weights(cfg: Config, tensors: dict[str, torch.Tensor], source: str) -> bool:
+    """Validate tensor names, shapes, dtypes and values against ``cfg``; return whether biases
+    are present."""
+    required, optional = expected_shapes(cfg)
+    missing = [name for name in required if name not in tensors]
+    if missing:
+        raise QkovError(f"{source}: missing tensor {missing[0]} (config expects {len(required)} tensors)")
+    unexpected = [name for name in tensors if name not in required and name not in optional]
+    if unexpected:
+        raise QkovError(
+            f"{source}: unexpected tensor {unexpected[0]} (not part of a {cfg.n_layers}-layer model)"
+        )
+    for name, tensor in tensors.items():
+        shape = required.get(name) or optional[name]
+        if tuple(tensor.shape) != shape:
+            raise QkovError(
+                f"{source}: tensor {name} has shape {tuple(tensor.shape)}, config expects {shape}"
+            )
+        if not tensor.dtype.is_floating_point:
+            raise QkovError(f"{source}: tensor {name} has dtype {tensor.dtype}, expected floating point")
+        if not bool(torch.isfinite(tensor).all()):
+            raise QkovError(f"{source}: tensor {name} has non-finite values (NaN or inf)")
+    return any(name in optional for name in tensors)
+
+
+def load_tokenizer(path: str | os.PathLike, d_vocab: int | None = None) -> Tokenizer | None:
+    """The checkpoint's tokenizer, or None when it has none; checked against ``d_vocab``."""
+    file = Path(path) / TOKENIZER_FILE
+    if not file.exists():
+        return None
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as err:  # tokenizers raises a bare Exception for bad JSON
+        raise QkovError(f"{file}: not a valid tokenizer ({str(err).splitlines()[0]})") from None
+    size = tokenizer.get_vocab_size()
+    if d_vocab is not None and size > d_vocab:
+        raise QkovError(f"{file}: tokenizer has {size} tokens, more than the model's d_vocab={d_vocab}")
+    return tokenizer
+
+
+def model_from_tensors(cfg: Config, tensors: dict[str, torch.Tensor], source: str) -> AttnOnlyTransformer:
+    """A model holding exactly ``tensors`` (validated), in their floating dtype."""
+    biases = check_weights(cfg, tensors, source)
+    model = AttnOnlyTransformer(cfg, biases=biases).to(tensors["W_E"].dtype)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, param in params.items():
+            if name in tensors:
+                param.copy_(tensors[name])
+            else:  # an absent bias is zero
+                param.zero_()
+    return model
+
+
+def load(path: str | os.PathLike) -> AttnOnlyTransformer:
+    """Load a checkpoint folder written by :func:`save` (or by hand with numpy and safetensors).
+
+    The tokenizer, when the folder has one, is ``model.tokenizer``.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise QkovError(f"{folder}: no such checkpoint folder")
+    cfg = load_config(folder)
+    tensors, _ = read_tensors(folder / WEIGHTS_FILE)
+    model = model_from_tensors(cfg, tensors, str(folder / WEIGHTS_FILE))
+    model.tokenizer = load_tokenizer(folder, cfg.d_vocab)
+    return model

@@ -1,0 +1,43 @@
+"""Behavioural head scores from attention patterns (section "Two-Layer Attention-Only
+Transformers": previous-token heads and induction heads).
+
+- A *previous-token* head attends from each position to the one before it.
+- An *induction* head, on a sequence that repeats with period ``L``, attends from a token in a
+  repeat to the token just after the same token's previous occurrence: ``src = dest - L + 1``.
+
+Scores are mean attention weights in ``[0, 1]``, one per head, ``[n_layers, n_heads]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from qkov.model import ActivationCache
+
+
+def _stacked_patterns(cache: ActivationCache) -> Float[Tensor, "n_layers batch n_heads dest src"]:
+    layers = sorted(int(k.split(".")[1]) for k in cache if k.endswith("attn.hook_pattern"))
+    return torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in layers])
+
+
+def offset_attention(
+    cache: ActivationCache, offset: int, first_dest: int
+) -> Float[Tensor, "n_layers n_heads"]:
+    """Mean attention from ``dest`` to ``src = dest - offset`` over ``dest >= first_dest``."""
+    patterns = _stacked_patterns(cache)
+    diagonal = patterns.diagonal(offset=-offset, dim1=-2, dim2=-1)  # [..., dest - offset]
+    skip = first_dest - offset  # the diagonal starts at dest = offset
+    return diagonal[..., skip:].mean(dim=(1, -1))
+
+
+def previous_token_scores(cache: ActivationCache) -> Float[Tensor, "n_layers n_heads"]:
+    """Mean attention from each position (but the first) to the previous one."""
+    return offset_attention(cache, offset=1, first_dest=1)
+
+
+def induction_scores(cache: ActivationCache, period: int) -> Float[Tensor, "n_layers n_heads"]:
+    """Mean attention to the token after the previous occurrence, on tokens repeating every
+    ``period`` positions, over every position after the first repeat."""
+    return offset_attention(cache, offset=period - 1, first_dest=period)

@@ -1,0 +1,185 @@
+"""The ``qkov`` command: thin argument parsing around the library.
+
+Every :class:`QkovError` becomes one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from qkov.checkpoint import load_config, load_tokenizer
+from qkov.config import POSITIONAL_EMBEDDINGS, Config
+from qkov.errors import QkovError
+from qkov.recipes import recipe
+
+console = Console(stderr=True)
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train an attention-only transformer on a corpus",
+        description="Train an attention-only transformer. Unset options take the "
+        "measured defaults for the depth (see the README).",
+    )
+    p.add_argument("--layers", type=int, required=True, help="number of attention layers (0, 1, 2, ...)")
+    p.add_argument("--out", required=True, help="checkpoint folder to write")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--n-heads", type=int)
+    p.add_argument("--d-head", type=int)
+    p.add_argument("--n-ctx", type=int)
+    p.add_argument("--vocab-size", type=int)
+    p.add_argument("--positional-embedding", choices=POSITIONAL_EMBEDDINGS, default="shortformer")
+    p.add_argument(
+        "--corpus",
+        action="append",
+        metavar="PATH",
+        help="text files, folders or globs (repeatable); default: the Python standard library",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 autocasts matmuls to bfloat16")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--checkpoint-every", type=int, default=500)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def train_command(args: argparse.Namespace) -> None:
+    from qkov.data.corpus import read_corpus
+    from qkov.data.tokens import cached_tokenizer, cached_tokens
+    from qkov.train import TRAIN_CONFIG_FILE, TrainConfig, Trainer
+
+    if args.layers < 0:
+        raise QkovError(f"--layers must be 0 or more, got {args.layers}")
+    out = Path(args.out)
+    defaults = recipe(args.layers)
+    pick = {
+        name: getattr(args, name) if getattr(args, name) is not None else getattr(defaults, name)
+        for name in (
+            "d_model",
+            "n_heads",
+            "d_head",
+            "n_ctx",
+            "vocab_size",
+            "steps",
+            "batch_size",
+            "lr",
+            "precision",
+        )
+    }
+    torch.set_num_threads(max(1, args.threads))
+    corpus = read_corpus(args.corpus)
+    resuming = args.resume and (out / TRAIN_CONFIG_FILE).exists()
+    if resuming:
+        tokenizer = load_tokenizer(out)
+        model_cfg = load_config(out)
+        train_cfg = TrainConfig(**json.loads((out / TRAIN_CONFIG_FILE).read_text()))
+        check_resume_flags(args, model_cfg, train_cfg)
+    else:
+        tokenizer = cached_tokenizer(corpus, pick["vocab_size"])
+    if tokenizer is None:
+        raise QkovError(f"{out}: the run to resume has no tokenizer.json")
+    data = cached_tokens(corpus, tokenizer)
+    if not resuming:
+        model_cfg = Config(
+            n_layers=args.layers,
+            n_heads=pick["n_heads"],
+            d_model=pick["d_model"],
+            d_head=pick["d_head"],
+            d_vocab=tokenizer.get_vocab_size(),
+            n_ctx=pick["n_ctx"],
+            positional_embedding=args.positional_embedding,
+        )
+        train_cfg = TrainConfig(
+            steps=pick["steps"],
+            batch_size=pick["batch_size"],
+            lr=pick["lr"],
+            seed=args.seed,
+            precision=pick["precision"],
+            eval_every=args.eval_every,
+            checkpoint_every=args.checkpoint_every,
+        )
+    trainer = Trainer(model_cfg, train_cfg, data, out, tokenizer)
+    console.print(
+        f"corpus: {len(corpus.documents)} documents ({corpus.skipped} skipped), "
+        f"{len(data.train):,} train / {len(data.eval):,} eval tokens; vocabulary {model_cfg.d_vocab}"
+    )
+    console.print(f"model: {model_cfg}")
+    console.print(
+        f"training: {train_cfg.steps} steps x {train_cfg.batch_size} x {model_cfg.n_ctx} tokens, "
+        f"lr {train_cfg.lr}, {train_cfg.precision}, {torch.get_num_threads()} threads"
+    )
+    try:
+        trainer.run(resume=args.resume, show_progress=not args.quiet)
+    except KeyboardInterrupt:
+        console.print(f"interrupted at step {trainer.step}; checkpoint saved. Continue with --resume.")
+        sys.exit(130)
+    console.print(f"done: checkpoint in {out} (metrics in {out / 'metrics.jsonl'})")
+
+
+def check_resume_flags(args: argparse.Namespace, model_cfg: Config, train_cfg: object) -> None:
+    """On --resume the saved settings rule; an explicit flag that contradicts them is an error."""
+    saved = model_cfg.to_dict() | dataclasses.asdict(train_cfg)
+    saved["n_layers"] = model_cfg.n_layers
+    for flag, key in (
+        ("layers", "n_layers"),
+        ("d_model", "d_model"),
+        ("n_heads", "n_heads"),
+        ("d_head", "d_head"),
+        ("n_ctx", "n_ctx"),
+        ("steps", "steps"),
+        ("batch_size", "batch_size"),
+        ("lr", "lr"),
+        ("precision", "precision"),
+    ):
+        given = getattr(args, flag)
+        if given is not None and given != saved[key]:
+            raise QkovError(
+                f"--{flag.replace('_', '-')} {given} contradicts the run being resumed ({saved[key]})"
+            )
+
+
+def info_command(args: argparse.Namespace) -> None:
+    from qkov.checkpoint import load
+
+    model = load(args.checkpoint)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{args.checkpoint}: {n_params:,} parameters ({model.W_E.dtype}), biases: {model.has_biases}")
+    for key, value in model.cfg.to_dict().items():
+        print(f"  {key}: {value}")
+    size = model.tokenizer.get_vocab_size() if model.tokenizer is not None else None
+    print(f"  tokenizer: {f'{size} tokens' if size else 'none'}")
+    metrics = Path(args.checkpoint) / "metrics.jsonl"
+    if metrics.exists() and metrics.read_text().strip():
+        last = json.loads(metrics.read_text().splitlines()[-1])
+        print("  last metrics: " + ", ".join(f"{k} {v}" for k, v in last.items()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="qkov", description="Transformer circuits, read off the weights.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_parser(sub)
+    info = sub.add_parser("info", help="validate a checkpoint folder and describe it")
+    info.add_argument("checkpoint")
+    args = parser.parse_args(argv)
+    try:
+        {"train": train_command, "info": info_command}[args.command](args)
+    except QkovError as err:
+        print(f"qkov: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

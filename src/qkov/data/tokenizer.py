@@ -1,0 +1,41 @@
+"""A byte-level BPE tokenizer trained locally with HF ``tokenizers`` (no download).
+
+Byte-level means every string, binary junk included, has an encoding. Documents are separated by
+the special token ``<|endoftext|>`` (id 0), as in GPT-2.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from qkov.data.corpus import Corpus
+from qkov.errors import QkovError
+
+END_OF_TEXT = "<|endoftext|>"
+MIN_VOCAB = 257  # the 256 bytes and the end-of-text token
+
+
+def train_tokenizer(corpus: Corpus, vocab_size: int) -> Tokenizer:
+    """Train byte-level BPE with ``vocab_size`` tokens (fewer if the corpus has fewer merges)."""
+    if vocab_size < MIN_VOCAB:
+        raise QkovError(
+            f"vocabulary size must be at least {MIN_VOCAB} (256 bytes + end of text), got {vocab_size}"
+        )
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator((d.text for d in corpus.documents), trainer, length=len(corpus.documents))
+    return tokenizer
+
+
+def end_of_text_id(tokenizer: Tokenizer) -> int:
+    token_id = tokenizer.token_to_id(END_OF_TEXT)
+    if token_id is None:
+        raise QkovError(f"tokenizer has no {END_OF_TEXT} token")
+    return token_id

@@ -1,0 +1,276 @@
+"""An attention-only transformer in the paper's form (section "Transformer Overview").
+
+Named axes, used identically in shapes, code and docs:
+
+- ``batch``: independent sequences; ``pos``: a position in the sequence (``dest``/``src`` when a
+  head reads from position ``src`` into position ``dest``);
+- ``d_model``: the residual stream; ``n_heads`` x ``d_head``: the heads of one layer;
+- ``d_vocab``: tokens; ``n_ctx``: the longest sequence the model accepts.
+
+Conventions: row vectors, as in TransformerLens. The residual stream ``x`` has shape
+``[..., d_model]`` and a head writes ``pattern @ x @ W_V @ W_O``; the paper, with column vectors,
+writes ``W_O W_V x``. Weights carry TransformerLens' names and shapes (``W_E``, ``W_pos``,
+``blocks.{l}.attn.W_Q`` ...), so they can move between the two libraries.
+
+The residual stream is a sum (section "Residual Stream"): the embedding (plus positions in the
+standard scheme) plus every head's write. :meth:`AttnOnlyTransformer.run_with_cache` returns each
+of those writes, and it can run with *frozen* attention patterns (section "OV and QK
+Independence"): given the patterns, the whole model is linear in its input, which is what path
+expansion needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from qkov.config import Config
+from qkov.errors import QkovError
+
+
+class Attention(nn.Module):
+    """One layer of ``n_heads`` independent, additive attention heads.
+
+    Each head reads the residual stream through ``W_Q``, ``W_K`` (where to look: the QK circuit
+    ``W_Q W_K^T``, the paper's ``W_Q^T W_K``) and ``W_V`` and writes through ``W_O`` (what to
+    write: the OV circuit ``W_V W_O``, the paper's ``W_O W_V``). Scores are ``q . k / sqrt(d_head)``
+    under a causal mask.
+    """
+
+    def __init__(self, cfg: Config, biases: bool = False) -> None:
+        super().__init__()
+        h, d, e = cfg.n_heads, cfg.d_model, cfg.d_head
+        self.n_heads, self.d_head = h, e
+        self.W_Q = nn.Parameter(torch.empty(h, d, e))
+        self.W_K = nn.Parameter(torch.empty(h, d, e))
+        self.W_V = nn.Parameter(torch.empty(h, d, e))
+        self.W_O = nn.Parameter(torch.empty(h, e, d))
+        if biases:
+            self.b_Q = nn.Parameter(torch.zeros(h, e))
+            self.b_K = nn.Parameter(torch.zeros(h, e))
+            self.b_V = nn.Parameter(torch.zeros(h, e))
+            self.b_O = nn.Parameter(torch.zeros(d))
+        else:
+            self.b_Q = self.b_K = self.b_V = self.b_O = None
+
+    def _project(
+        self, x: Float[Tensor, "batch pos d_model"], W: Tensor, b: Tensor | None
+    ) -> Float[Tensor, "batch n_heads pos d_head"]:
+        out = einsum(x, W, "batch pos d_model, n_heads d_model d_head -> batch n_heads pos d_head")
+        return out if b is None else out + b[:, None, :]
+
+    def qkv(
+        self, x: Float[Tensor, "batch pos d_model"], qk_input: Float[Tensor, "batch pos d_model"]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries and keys read ``qk_input`` (the stream plus positions, for shortformer); values
+        read the stream ``x``. Each is ``[batch, n_heads, pos, d_head]``."""
+        q = self._project(qk_input, self.W_Q, self.b_Q)
+        k = self._project(qk_input, self.W_K, self.b_K)
+        v = self._project(x, self.W_V, self.b_V)
+        return q, k, v
+
+    def pattern(
+        self, q: Float[Tensor, "batch n_heads dest d_head"], k: Float[Tensor, "batch n_heads src d_head"]
+    ) -> Float[Tensor, "batch n_heads dest src"]:
+        """The attention pattern: softmax over ``src <= dest`` of ``q . k / sqrt(d_head)``."""
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
+        n = scores.shape[-1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+        return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+
+    def forward(
+        self, x: Float[Tensor, "batch pos d_model"], qk_input: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The layer's total write to the residual stream (the fast path used in training)."""
+        q, k, v = self.qkv(x, qk_input)
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = rearrange(z, "batch n_heads pos d_head -> batch pos (n_heads d_head)")
+        out = out @ rearrange(self.W_O, "n_heads d_head d_model -> (n_heads d_head) d_model")
+        return out if self.b_O is None else out + self.b_O
+
+    def head_writes(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        qk_input: Float[Tensor, "batch pos d_model"],
+        pattern: Float[Tensor, "batch n_heads dest src"] | None = None,
+    ) -> tuple[Float[Tensor, "batch pos n_heads d_model"], Float[Tensor, "batch n_heads dest src"]]:
+        """Every head's write to the residual stream and its attention pattern.
+
+        With ``pattern`` given (frozen attention), the queries and keys are not used and the
+        write is linear in ``x``. ``b_O`` belongs to no head and is not included.
+        """
+        q, k, v = self.qkv(x, qk_input)
+        if pattern is None:
+            pattern = self.pattern(q, k)
+        z = einsum(
+            pattern, v, "batch n_heads dest src, batch n_heads src d_head -> batch n_heads dest d_head"
+        )
+        writes = einsum(
+            z, self.W_O, "batch n_heads pos d_head, n_heads d_head d_model -> batch pos n_heads d_model"
+        )
+        return writes, pattern
+
+
+class Block(nn.Module):
+    """A residual block: one attention layer (no MLP, no LayerNorm, as in the paper)."""
+
+    def __init__(self, cfg: Config, biases: bool = False) -> None:
+        super().__init__()
+        self.attn = Attention(cfg, biases)
+
+
+ActivationCache = dict[str, Tensor]
+
+
+class AttnOnlyTransformer(nn.Module):
+    """An attention-only transformer with TransformerLens weight names (see the module docstring).
+
+    ``model(tokens)`` returns logits ``[batch, pos, d_vocab]``. Biases are absent by default (the
+    paper's models have none); ``biases=True`` adds ``b_Q``, ``b_K``, ``b_V``, ``b_O`` to every
+    layer and ``b_U``, initialised to zero.
+    """
+
+    def __init__(self, cfg: Config, biases: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model)) if cfg.has_positions else None
+        self.blocks = nn.ModuleList(Block(cfg, biases) for _ in range(cfg.n_layers))
+        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab)) if biases else None
+        self.tokenizer = None  # a tokenizers.Tokenizer, set by qkov.load when the checkpoint has one
+        init_weights(self, torch.Generator().manual_seed(0))
+
+    @property
+    def has_biases(self) -> bool:
+        return self.b_U is not None
+
+    def check_tokens(self, tokens: Tensor) -> Int[Tensor, "batch pos"]:
+        """Validate a batch of token ids, with a clear error for what does not fit the model."""
+        if not isinstance(tokens, Tensor):
+            tokens = torch.as_tensor(tokens)
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise QkovError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        if tokens.ndim != 2:
+            raise QkovError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
+        if tokens.shape[1] > self.cfg.n_ctx:
+            raise QkovError(
+                f"sequence of {tokens.shape[1]} tokens is longer than the context (n_ctx={self.cfg.n_ctx})"
+            )
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
+            raise QkovError(
+                f"token ids must lie in [0, {self.cfg.d_vocab}), got range "
+                f"[{int(tokens.min())}, {int(tokens.max())}]"
+            )
+        return tokens.long()
+
+    def embed(
+        self, tokens: Int[Tensor, "batch pos"]
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "pos d_model"] | None]:
+        """The residual stream's start and the positions each layer adds to its Q/K inputs.
+
+        Returns ``(resid, qk_positions)``: ``resid = W_E[tokens]`` (plus ``W_pos[:pos]`` for the
+        standard scheme) and ``qk_positions = W_pos[:pos]`` for shortformer, else None.
+        """
+        resid = self.W_E[tokens]
+        if self.W_pos is None:
+            return resid, None
+        positions = self.W_pos[: tokens.shape[1]]
+        if self.cfg.positional_embedding == "standard":
+            return resid + positions, None
+        return resid, positions
+
+    def unembed(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        logits = resid @ self.W_U
+        return logits if self.b_U is None else logits + self.b_U
+
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
+        tokens = self.check_tokens(tokens)
+        resid, qk_positions = self.embed(tokens)
+        for block in self.blocks:
+            qk_input = resid if qk_positions is None else resid + qk_positions
+            resid = resid + block.attn(resid, qk_input)
+        return self.unembed(resid)
+
+    def run_with_cache(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        patterns: Sequence[Float[Tensor, "batch n_heads dest src"]] | None = None,
+    ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]:
+        """Logits and every activation, under TransformerLens' hook names.
+
+        The cache holds ``hook_embed`` (``W_E[tokens]``), ``hook_pos_embed`` (``W_pos[:pos]``, when
+        the model has positions), and per layer ``l``: ``blocks.{l}.hook_resid_pre``,
+        ``blocks.{l}.attn.hook_pattern`` ``[batch, n_heads, dest, src]``,
+        ``blocks.{l}.attn.hook_result`` (every head's write, ``[batch, pos, n_heads, d_model]``) and
+        ``blocks.{l}.hook_resid_post``. The final residual stream is the start of the stream
+        plus the sum of all head writes (plus every ``b_O`` when the model has biases).
+
+        ``patterns``, one per layer, freezes the attention: the given patterns are used instead of
+        the ones the queries and keys would give, and the model is then linear in its input.
+        """
+        tokens = self.check_tokens(tokens)
+        if patterns is not None and len(patterns) != self.cfg.n_layers:
+            raise QkovError(f"expected {self.cfg.n_layers} frozen patterns, got {len(patterns)}")
+        resid, qk_positions = self.embed(tokens)
+        cache: ActivationCache = {"hook_embed": self.W_E[tokens]}
+        if self.W_pos is not None:
+            cache["hook_pos_embed"] = self.W_pos[: tokens.shape[1]]
+        for layer, block in enumerate(self.blocks):
+            cache[f"blocks.{layer}.hook_resid_pre"] = resid
+            qk_input = resid if qk_positions is None else resid + qk_positions
+            frozen = None if patterns is None else patterns[layer]
+            writes, pattern = block.attn.head_writes(resid, qk_input, frozen)
+            cache[f"blocks.{layer}.attn.hook_pattern"] = pattern
+            cache[f"blocks.{layer}.attn.hook_result"] = writes
+            resid = resid + writes.sum(dim=2)
+            if block.attn.b_O is not None:
+                resid = resid + block.attn.b_O
+            cache[f"blocks.{layer}.hook_resid_post"] = resid
+        return self.unembed(resid), cache
+
+
+def sinusoidal_positions(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_model"]:
+    """Sinusoids (Vaswani et al.) scaled to unit variance per entry: the ``W_pos`` initialisation."""
+    pos = torch.arange(n_ctx, dtype=torch.float64)[:, None]
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(n_ctx, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)[:, : d_model // 2]
+    return (table * math.sqrt(2.0)).float()
+
+
+@torch.no_grad()
+def init_weights(model: AttnOnlyTransformer, generator: torch.Generator) -> None:
+    """An initialisation that keeps the residual stream O(1) without LayerNorm.
+
+    Measured here: GPT-2's N(0, 0.02) leaves attention exactly uniform for hundreds of steps in an
+    attention-only model with no LayerNorm. Instead ``W_E ~ N(0, 1)``; ``W_pos`` = unit-variance
+    sinusoids (previous-token heads form 2-3x sooner than from random positions);
+    ``W_Q, W_K, W_V ~ N(0, 1/d_model)``; ``W_O ~ N(0, 1/(n_heads d_head n_layers))``;
+    ``W_U ~ N(0, 1/d_model^2)``; biases zero.
+    """
+    cfg = model.cfg
+
+    def normal_(param: Tensor, std: float) -> None:
+        param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+    normal_(model.W_E, 1.0)
+    if model.W_pos is not None:
+        model.W_pos.copy_(sinusoidal_positions(cfg.n_ctx, cfg.d_model))
+    for block in model.blocks:
+        for W in (block.attn.W_Q, block.attn.W_K, block.attn.W_V):
+            normal_(W, cfg.d_model**-0.5)
+        normal_(block.attn.W_O, (cfg.n_heads * cfg.d_head * cfg.n_layers) ** -0.5)
+    normal_(model.W_U, 1.0 / cfg.d_model)
+    for name, param in model.named_parameters():
+        if name.rsplit(".", 1)[-1].startswith("b_"):
+            param.zero_()

@@ -1,0 +1,292 @@
+"""Training an attention-only transformer on a token array, resumably and reproducibly.
+
+AdamW with linear warm-up then cosine decay and gradient clipping. The batch of step ``s`` depends
+only on ``(seed, s)``, and a checkpoint holds the weights and the optimizer state in one atomically
+written file (``training_state.safetensors``), so a run killed at any moment and resumed with
+``resume=True`` ends with exactly the weights of an uninterrupted run.
+
+Every ``eval_every`` steps a line is appended to ``metrics.jsonl``: step, tokens, train loss, eval
+loss, and for models of two or more layers the loss on the first and second repeat of random
+tokens and the strongest induction and previous-token scores, so the induction phase change
+("In-context Learning and Induction Heads") can be watched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from qkov.checkpoint import WEIGHTS_FILE, model_from_tensors, read_tensors, save
+from qkov.circuits.heads import induction_scores, previous_token_scores
+from qkov.config import Config
+from qkov.data.random_tokens import repeated_random_tokens
+from qkov.data.tokens import TokenSplits, sample_windows
+from qkov.errors import QkovError
+from qkov.io import atomic_write, atomic_write_text
+from qkov.model import AttnOnlyTransformer, init_weights
+
+STATE_FILE = "training_state.safetensors"
+METRICS_FILE = "metrics.jsonl"
+TRAIN_CONFIG_FILE = "train_config.json"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings; written to ``train_config.json`` beside the checkpoint."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int = 0
+    warmup_steps: int | None = None  # default: 5% of the steps
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 4
+    checkpoint_every: int = 500
+    precision: str = "fp32"  # or "bf16": matmuls in bfloat16 under torch.autocast
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise QkovError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise QkovError(f"learning rate must be positive, got {self.lr}")
+        if self.precision not in ("fp32", "bf16"):
+            raise QkovError(f"precision must be fp32 or bf16, got {self.precision!r}")
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 20)
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up to ``lr``, then cosine decay to ``min_lr_ratio * lr`` at the last step."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
+        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cosine)
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The random source of one step's batch: a function of the seed and the step alone."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def next_token_loss(model: AttnOnlyTransformer, windows: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting ``windows[:, 1:]`` from ``windows[:, :-1]``."""
+    logits = model(windows[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
+
+
+class StopRequest:
+    """Turns Ctrl-C into a request that the loop honours between steps, after a checkpoint, so an
+    interrupted run is always resumable from the step it reached."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous = None
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self.request)
+        return self
+
+    def request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+class Trainer:
+    """One training run writing into ``out``; see the module docstring."""
+
+    def __init__(
+        self,
+        model_cfg: Config,
+        train_cfg: TrainConfig,
+        data: TokenSplits,
+        out: str | os.PathLike,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self.model_cfg, self.cfg, self.data, self.out = model_cfg, train_cfg, data, Path(out)
+        self.tokenizer = tokenizer
+        if len(data.train) < model_cfg.n_ctx + 1:
+            raise QkovError(
+                f"corpus has {len(data.train)} training tokens, fewer than one window of n_ctx + 1 = "
+                f"{model_cfg.n_ctx + 1}; use a larger corpus or a smaller --n-ctx"
+            )
+        self.model = AttnOnlyTransformer(model_cfg)
+        init_weights(self.model, torch.Generator().manual_seed(train_cfg.seed))
+        decay = [p for n, p in self.model.named_parameters() if not n.rsplit(".", 1)[-1].startswith("b_")]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": train_cfg.weight_decay}],
+            lr=train_cfg.lr,
+            betas=(0.9, 0.95),
+        )
+        self.step = 0
+        self.autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=train_cfg.precision == "bf16")
+        eval_gen = torch.Generator().manual_seed(train_cfg.seed + 7919)
+        n_eval = train_cfg.eval_batches * train_cfg.batch_size
+        self.eval_windows = sample_windows(
+            data.eval, n_eval, min(model_cfg.n_ctx + 1, len(data.eval)), eval_gen
+        )
+        self.repeat_period = model_cfg.n_ctx // 2
+        self.repeat_tokens = (
+            repeated_random_tokens(train_cfg.batch_size, self.repeat_period, 2, model_cfg.d_vocab, eval_gen)
+            if model_cfg.n_layers >= 2 and self.repeat_period >= 2
+            else None
+        )
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"model.{n}": p.detach().contiguous() for n, p in self.model.named_parameters()}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                for key, value in self.optimizer.state.get(p, {}).items():
+                    tensors[f"optim.{names[id(p)]}.{key}"] = torch.as_tensor(value).contiguous()
+        return tensors
+
+    def save_checkpoint(self) -> None:
+        """The user-facing checkpoint, then the training state (one atomic file, the step in its
+        metadata): a kill between the two leaves a resumable folder."""
+        save(self.model, self.out, self.tokenizer)
+        atomic_write_text(
+            self.out / TRAIN_CONFIG_FILE, json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n"
+        )
+        tensors = self.state_tensors()
+        meta = {"step": str(self.step), "config": self.model_cfg.to_json()}
+        atomic_write(self.out / STATE_FILE, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+
+    def load_checkpoint(self) -> None:
+        file = self.out / STATE_FILE
+        tensors, meta = read_tensors(file)
+        if Config.from_dict(json.loads(meta.get("config", "{}"))) != self.model_cfg:
+            raise QkovError(f"{file}: checkpoint was trained with another model config; use another --out")
+        weights = {n[len("model.") :]: t for n, t in tensors.items() if n.startswith("model.")}
+        loaded = model_from_tensors(self.model_cfg, weights, str(file))
+        self.model.load_state_dict(loaded.state_dict())
+        params = dict(self.model.named_parameters())
+        for name, tensor in tensors.items():
+            if name.startswith("optim."):
+                pname, key = name[len("optim.") :].rsplit(".", 1)
+                self.optimizer.state[params[pname]][key] = tensor.clone()
+        self.step = int(meta["step"])
+        self.truncate_metrics()
+
+    def truncate_metrics(self) -> None:
+        """Drop metric lines logged after the checkpoint being resumed from."""
+        file = self.out / METRICS_FILE
+        if file.exists():
+            rows = [line for line in file.read_text().splitlines() if line.strip()]
+            keep = [r for r in rows if json.loads(r)["step"] <= self.step]
+            atomic_write_text(file, "".join(r + "\n" for r in keep))
+
+    # -- evaluation ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        with self.autocast:
+            metrics = {"eval_loss": float(next_token_loss(self.model, self.eval_windows))}
+            if self.repeat_tokens is not None:
+                logits, cache = self.model.run_with_cache(self.repeat_tokens)
+                losses = F.cross_entropy(
+                    logits[:, :-1].transpose(1, 2).float(), self.repeat_tokens[:, 1:], reduction="none"
+                ).mean(0)
+                period = self.repeat_period
+                metrics["repeat_loss_first"] = float(losses[: period - 1].mean())
+                metrics["repeat_loss_second"] = float(losses[period - 1 :].mean())
+                metrics["induction_score"] = float(induction_scores(cache, period).max())
+                metrics["previous_token_score"] = float(previous_token_scores(cache).max())
+        self.model.train()
+        return metrics
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self, resume: bool = False, show_progress: bool = True) -> AttnOnlyTransformer:
+        if (self.out / STATE_FILE).exists():
+            if not resume:
+                raise QkovError(
+                    f"{self.out} already holds a training run; pass --resume or choose another --out"
+                )
+            self.load_checkpoint()
+        elif (self.out / WEIGHTS_FILE).exists():
+            raise QkovError(f"{self.out} already holds a checkpoint; choose another --out")
+        self.out.mkdir(parents=True, exist_ok=True)
+        cfg, seq = self.cfg, self.model_cfg.n_ctx + 1
+        tokens_per_step = cfg.batch_size * self.model_cfg.n_ctx
+        columns = (
+            TextColumn("[bold]step {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("loss {task.fields[loss]}  eval {task.fields[eval]}  {task.fields[tps]} tok/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
+        losses: list[float] = []
+        with (
+            Progress(*columns, disable=not show_progress, transient=False) as progress,
+            StopRequest() as stop,
+        ):
+            task = progress.add_task(
+                "train", total=cfg.steps, completed=self.step, loss="-", eval="-", tps="-"
+            )
+            while self.step < cfg.steps:
+                started = time.perf_counter()
+                windows = sample_windows(
+                    self.data.train, cfg.batch_size, seq, step_generator(cfg.seed, self.step)
+                )
+                for group in self.optimizer.param_groups:
+                    group["lr"] = cfg.lr_at(self.step)
+                with self.autocast:
+                    loss = next_token_loss(self.model, windows)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                losses.append(loss.item())
+                if not math.isfinite(losses[-1]):
+                    raise QkovError(f"training diverged at step {self.step} (loss {losses[-1]}); lower --lr")
+                tps = tokens_per_step / (time.perf_counter() - started)
+                progress.update(
+                    task, completed=self.step, loss=f"{np.mean(losses[-20:]):.3f}", tps=f"{tps:,.0f}"
+                )
+                if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                    row = {
+                        "step": self.step,
+                        "tokens": self.step * tokens_per_step,
+                        "train_loss": float(np.mean(losses)),
+                        **self.evaluate(),
+                    }
+                    losses = []
+                    self.log(row)
+                    progress.update(task, eval=f"{row['eval_loss']:.3f}")
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self.save_checkpoint()
+                if stop.requested:
+                    self.save_checkpoint()
+                    raise KeyboardInterrupt
+        return self.model
+
+    def log(self, row: dict[str, float]) -> None:
+        with open(self.out / METRICS_FILE, "a", encoding="utf-8") as f:
+            f.write(
+                json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}) + "\n"
+            )

@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny models, a tiny corpus, and an isolated token cache for every test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qkov
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("QKOV_CACHE", str(tmp_path_factory.mktemp("qkov-cache")))
+
+
+def random_model(
+    cfg: qkov.Config, seed: int = 0, biases: bool = False, scale: float = 1.0
+) -> qkov.AttnOnlyTransformer:
+    """A model with every weight (biases included) drawn at random, so nothing is trivially zero."""
+    model = qkov.AttnOnlyTransformer(cfg, biases=biases)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * scale / param.shape[-1] ** 0.25)
+    return model
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    """A small folder of real-looking Python source."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(12):
+        body = "".join(
+            f"def function_{i}_{j}(self, value):\n    return self.value_{j} + value * {i}\n\n"
+            for j in range(40)
+        )
+        (folder / f"module_{i}.py").write_text(f"class Thing{i}:\n" + body)
+    return folder

@@ -1,0 +1,112 @@
+"""The command line: bad input gives one line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+import qkov
+from conftest import random_model
+from qkov.cli import main
+
+
+def run(capsys, *argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def assert_one_line_error(code, err, message):
+    assert code == 2
+    assert err.startswith("qkov: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_empty_corpus(capsys, tmp_path):
+    code, _, err = run(
+        capsys, "train", "--layers", "1", "--out", str(tmp_path / "o"), "--corpus", str(tmp_path)
+    )
+    assert_one_line_error(code, err, "corpus: no text")
+    assert not (tmp_path / "o").exists()
+
+
+def test_binary_corpus(capsys, tmp_path):
+    (tmp_path / "a.bin").write_bytes(bytes(range(256)) * 10)
+    code, _, err = run(
+        capsys, "train", "--layers", "1", "--out", str(tmp_path / "o"), "--corpus", str(tmp_path)
+    )
+    assert_one_line_error(code, err, "1 binary or undecodable")
+
+
+def test_config_that_does_not_fit(capsys, tmp_path, tiny_corpus):
+    code, _, err = run(
+        capsys,
+        "train",
+        "--layers",
+        "1",
+        "--out",
+        str(tmp_path / "o"),
+        "--corpus",
+        str(tiny_corpus),
+        "--vocab-size",
+        "300",
+        "--d-head",
+        "0",
+    )
+    assert_one_line_error(code, err, "d_head must be a positive integer")
+
+
+def test_vocabulary_too_small(capsys, tmp_path, tiny_corpus):
+    code, _, err = run(
+        capsys,
+        "train",
+        "--layers",
+        "0",
+        "--out",
+        str(tmp_path / "o"),
+        "--corpus",
+        str(tiny_corpus),
+        "--vocab-size",
+        "50",
+    )
+    assert_one_line_error(code, err, "at least 257")
+
+
+def test_context_longer_than_the_corpus(capsys, tmp_path):
+    (tmp_path / "a.txt").write_text("short text " * 30)
+    code, _, err = run(
+        capsys,
+        "train",
+        "--layers",
+        "1",
+        "--out",
+        str(tmp_path / "o"),
+        "--corpus",
+        str(tmp_path / "a.txt"),
+        "--vocab-size",
+        "260",
+        "--n-ctx",
+        "4096",
+        "--steps",
+        "1",
+    )
+    assert_one_line_error(code, err, "fewer than one window of n_ctx + 1 = 4097")
+
+
+def test_info_describes_a_checkpoint(capsys, tmp_path):
+    qkov.save(random_model(qkov.Config(1, 2, 8, 4, 20, 8)), tmp_path)
+    code, out, _ = run_ok(capsys, "info", str(tmp_path))
+    assert "n_layers: 1" in out and "tokenizer: none" in out
+
+
+def run_ok(capsys, *argv):
+    main(list(argv))
+    captured = capsys.readouterr()
+    return 0, captured.out, captured.err
+
+
+def test_info_on_a_corrupt_checkpoint(capsys, tmp_path):
+    qkov.save(random_model(qkov.Config(1, 2, 8, 4, 20, 8)), tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    code, _, err = run(capsys, "info", str(tmp_path))
+    assert_one_line_error(code, err, "truncated or corrupt")

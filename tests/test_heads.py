@@ -1,0 +1,38 @@
+"""Behavioural head scores on hand-built attention patterns with known answers."""
+
+from __future__ import annotations
+
+import torch
+
+from qkov.circuits.heads import induction_scores, previous_token_scores
+
+
+def shifted(n: int, offset: int) -> torch.Tensor:
+    """Attention from each dest to dest - offset (to position 0 where that does not exist)."""
+    pattern = torch.zeros(n, n)
+    for dest in range(n):
+        pattern[dest, max(0, dest - offset)] = 1.0
+    return pattern
+
+
+def test_a_previous_token_head_scores_one_and_a_uniform_head_scores_low():
+    n = 8
+    uniform = torch.tril(torch.ones(n, n))
+    uniform = uniform / uniform.sum(-1, keepdim=True)
+    cache = {"blocks.0.attn.hook_pattern": torch.stack([shifted(n, 1), uniform])[None]}
+    scores = previous_token_scores(cache)
+    assert scores.shape == (1, 2)
+    assert scores[0, 0] == 1.0
+    expected_uniform = sum(1 / (dest + 1) for dest in range(1, n)) / (n - 1)
+    torch.testing.assert_close(scores[0, 1], torch.tensor(expected_uniform))
+
+
+def test_an_induction_head_scores_one_on_its_period():
+    period, n = 5, 15
+    cache = {
+        "blocks.0.attn.hook_pattern": torch.stack([shifted(n, 1), shifted(n, 1)])[None],
+        "blocks.1.attn.hook_pattern": torch.stack([shifted(n, period - 1), shifted(n, 1)])[None],
+    }
+    scores = induction_scores(cache, period)
+    assert scores.shape == (2, 2)
+    assert scores[1, 0] == 1.0 and scores[0, 0] == 0.0 and scores[1, 1] == 0.0

@@ -1,0 +1,164 @@
+"""Training: the loss falls, metrics are logged, and a killed run resumes bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import qkov
+from qkov.data.corpus import read_corpus
+from qkov.data.tokens import cached_tokenizer, cached_tokens
+from qkov.train import STATE_FILE, TrainConfig, Trainer
+
+TINY = [
+    "--d-model",
+    "32",
+    "--n-heads",
+    "2",
+    "--d-head",
+    "16",
+    "--n-ctx",
+    "32",
+    "--vocab-size",
+    "300",
+    "--batch-size",
+    "8",
+    "--lr",
+    "1e-2",
+    "--threads",
+    "1",
+    "--quiet",
+    "--precision",
+    "fp32",
+]
+
+
+def qkov_cli(*args, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "qkov.cli", *args],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        **kwargs,
+    )
+
+
+def tiny_run(tiny_corpus, out, n_layers=2, **train):
+    corpus = read_corpus([str(tiny_corpus)])
+    tokenizer = cached_tokenizer(corpus, 300)
+    cfg = qkov.Config(n_layers, 2, 32, 16, tokenizer.get_vocab_size(), 32)
+    train_cfg = TrainConfig(**({"steps": 60, "batch_size": 8, "lr": 1e-2, "eval_every": 20} | train))
+    return Trainer(cfg, train_cfg, cached_tokens(corpus, tokenizer), out, tokenizer)
+
+
+def test_training_lowers_the_loss_and_logs_metrics(tiny_corpus, tmp_path):
+    trainer = tiny_run(tiny_corpus, tmp_path / "run")
+    trainer.run(show_progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [20, 40, 60]
+    assert rows[0]["tokens"] == 20 * 8 * 32
+    assert rows[-1]["eval_loss"] < rows[0]["eval_loss"] < 6.0  # log(300) = 5.7 is chance
+    assert {"repeat_loss_first", "repeat_loss_second", "induction_score", "previous_token_score"} <= set(
+        rows[0]
+    )
+    model = qkov.load(tmp_path / "run")
+    assert model.tokenizer is not None and model.cfg.n_layers == 2
+
+
+def test_one_layer_model_logs_no_repeat_metrics(tiny_corpus, tmp_path):
+    tiny_run(tiny_corpus, tmp_path / "run", n_layers=1, steps=20).run(show_progress=False)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "repeat_loss_first" not in row
+
+
+def test_learning_rate_schedule_warms_up_and_decays():
+    cfg = TrainConfig(steps=100, batch_size=1, lr=1.0, warmup_steps=10)
+    assert cfg.lr_at(0) == pytest.approx(0.1) and cfg.lr_at(9) == pytest.approx(1.0)
+    assert cfg.lr_at(10) == pytest.approx(1.0) and cfg.lr_at(100) == pytest.approx(0.1)
+    assert cfg.lr_at(55) == pytest.approx(0.55)
+
+
+def test_a_second_run_into_the_same_folder_needs_resume(tiny_corpus, tmp_path):
+    tiny_run(tiny_corpus, tmp_path / "run", steps=5).run(show_progress=False)
+    with pytest.raises(qkov.QkovError, match="--resume"):
+        tiny_run(tiny_corpus, tmp_path / "run", steps=5).run(show_progress=False)
+
+
+def weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_a_run_killed_with_sigkill_resumes_to_identical_weights(tiny_corpus, tmp_path):
+    steps = ["--steps", "400", "--checkpoint-every", "10", "--eval-every", "50"]
+    common = ["train", "--layers", "2", "--corpus", str(tiny_corpus), *TINY, *steps]
+    reference = qkov_cli(*common, "--out", str(tmp_path / "straight"))
+    assert reference.returncode == 0, reference.stderr
+
+    victim = subprocess.Popen(
+        [sys.executable, "-m", "qkov.cli", *common, "--out", str(tmp_path / "killed")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    state = tmp_path / "killed" / STATE_FILE
+    deadline = time.time() + 120
+    while not state.exists() and time.time() < deadline:
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    reached = int(load_state_step(state))
+    assert 0 < reached < 400, "the run was not interrupted mid-way; make it longer"
+
+    resumed = qkov_cli(*common, "--out", str(tmp_path / "killed"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    ours, theirs = weights(tmp_path / "killed"), weights(tmp_path / "straight")
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+    steps_logged = [
+        json.loads(r)["step"] for r in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps_logged == list(range(50, 401, 50))
+
+
+def load_state_step(file):
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        return f.metadata()["step"]
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "--layers",
+        "1",
+        "--corpus",
+        str(tiny_corpus),
+        *TINY,
+        "--steps",
+        "100000",
+        "--out",
+        str(out),
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "qkov.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "Continue with --resume" in stderr
+    step = int(load_state_step(out / STATE_FILE))
+    assert step >= 100
+    assert qkov.load(out).cfg.n_layers == 1
