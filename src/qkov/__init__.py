@@ -10,6 +10,18 @@ from qkov import interop
 from qkov.checkpoint import load, save
 from qkov.config import Config
 from qkov.errors import QkovError
+from qkov.linalg import FactoredMatrix, TopK, copying_score, random_copying_scores
 from qkov.model import AttnOnlyTransformer
 
-__all__ = ["interop", "AttnOnlyTransformer", "Config", "QkovError", "load", "save"]
+__all__ = [
+    "AttnOnlyTransformer",
+    "Config",
+    "FactoredMatrix",
+    "QkovError",
+    "TopK",
+    "copying_score",
+    "interop",
+    "load",
+    "random_copying_scores",
+    "save",
+]

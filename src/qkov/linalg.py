@@ -1,0 +1,340 @@
+"""Exact low-rank algebra: :class:`FactoredMatrix` stands for ``A @ B`` and never builds it unless
+asked (section "Summarizing OV/QK Matrices" and the appendix on low-rank matrices).
+
+Every circuit of the paper is such a product: the QK circuit ``W_E W_Q W_K^T W_E^T``, the OV circuit
+``W_E W_V W_O W_U`` (row-vector forms of the paper's ``W_E^T W_QK W_E`` and ``W_U W_OV W_E``). Over a
+50k vocabulary they have 2.5 billion entries, yet rank at most ``d_head``. Each quantity below is
+computed in the small space *where that is exact*:
+
+- ``A = Q_A R_A`` and ``B^T = Q_B R_B`` (thin QR) give ``A B = Q_A (R_A R_B^T) Q_B^T`` with
+  orthonormal ``Q_A``, ``Q_B``: the Frobenius norm, the singular values and the rank of ``A B`` are
+  those of the small *core* ``R_A R_B^T``, and its singular vectors map back through ``Q_A``, ``Q_B``;
+- eigenvalues: ``A B v = l v`` implies ``B A (B v) = l (B v)``, so the nonzero eigenvalues of
+  ``A B`` (``m x m``) are those of ``B A`` (``r x r``); so is the trace. The Frobenius norm is *not*
+  invariant under this reordering (``||AB||_F != ||BA||_F`` in general): the paper's published
+  correction came from exactly that shortcut, and nothing here takes it.
+
+Leading dimensions broadcast, so one object can hold every head's circuit (``[n_layers, n_heads,
+m, n]``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Complex, Float, Int
+from torch import Tensor
+
+from qkov.errors import QkovError
+
+DEFAULT_MEMORY_BYTES = 2**30  # the top-k streaming budget: about 1 GiB of product entries at once
+
+
+class TopK(NamedTuple):
+    """The ``k`` largest (or smallest) entries of a product and where they are."""
+
+    values: Float[Tensor, "... k"]
+    rows: Int[Tensor, "... k"]
+    cols: Int[Tensor, "... k"]
+
+
+class FactoredMatrix:
+    """The matrix ``A @ B`` with ``A [..., m, r]`` and ``B [..., r, n]``, kept factored.
+
+    ``m`` is the number of rows, ``n`` of columns and ``r`` the inner (hidden) dimension; leading
+    dimensions of ``A`` and ``B`` broadcast against each other.
+    """
+
+    def __init__(self, A: Float[Tensor, "... m r"], B: Float[Tensor, "... r n"]) -> None:
+        if not (isinstance(A, Tensor) and isinstance(B, Tensor)):
+            raise QkovError("FactoredMatrix needs two tensors")
+        if A.ndim < 2 or B.ndim < 2:
+            raise QkovError(
+                f"FactoredMatrix factors must be matrices, got shapes {tuple(A.shape)}, {tuple(B.shape)}"
+            )
+        if A.shape[-1] != B.shape[-2]:
+            raise QkovError(
+                f"FactoredMatrix inner dimensions differ: A {tuple(A.shape)} @ B {tuple(B.shape)}"
+            )
+        try:
+            batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+        except RuntimeError:
+            raise QkovError(
+                f"FactoredMatrix leading dimensions do not broadcast: {tuple(A.shape)} and {tuple(B.shape)}"
+            ) from None
+        dtype = torch.promote_types(A.dtype, B.dtype)
+        self.A = A.to(dtype).expand(*batch, *A.shape[-2:])
+        self.B = B.to(dtype).expand(*batch, *B.shape[-2:])
+
+    # -- shape -----------------------------------------------------------------------------------
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.A.shape[:-2]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.batch_shape, self.m, self.n))
+
+    @property
+    def m(self) -> int:
+        """Rows of the product."""
+        return self.A.shape[-2]
+
+    @property
+    def r(self) -> int:
+        """The inner dimension: an upper bound on the rank."""
+        return self.A.shape[-1]
+
+    @property
+    def n(self) -> int:
+        """Columns of the product."""
+        return self.B.shape[-1]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.A.dtype
+
+    def __repr__(self) -> str:
+        return f"FactoredMatrix(shape={tuple(self.shape)}, inner={self.r}, dtype={self.dtype})"
+
+    def to(self, dtype: torch.dtype) -> FactoredMatrix:
+        return FactoredMatrix(self.A.to(dtype), self.B.to(dtype))
+
+    # -- algebra ---------------------------------------------------------------------------------
+    @property
+    def AB(self) -> Float[Tensor, "... m n"]:
+        """The dense product. It can be huge (``m x n``): only when asked."""
+        return self.A @ self.B
+
+    @property
+    def BA(self) -> Float[Tensor, "... r r"]:
+        """The reordered product ``B @ A`` (square products only): same eigenvalues and trace as
+        ``A @ B``, *not* the same norm."""
+        self._require_square("BA")
+        return self.B @ self.A
+
+    @property
+    def T(self) -> FactoredMatrix:
+        return FactoredMatrix(self.B.mT, self.A.mT)
+
+    def __matmul__(self, other: Tensor | FactoredMatrix) -> FactoredMatrix | Tensor:
+        """``(A B) @ other``: factored for a matrix, dense for a vector. The result keeps the
+        smallest inner dimension available."""
+        if isinstance(other, FactoredMatrix):
+            return _chain(self, other)
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        if other.ndim == 1:
+            return self.A @ (self.B @ other)
+        if other.shape[-2] != self.n:
+            raise QkovError(f"cannot multiply {tuple(self.shape)} by {tuple(other.shape)}")
+        return FactoredMatrix(self.A, self.B @ other) if self.r <= self.n else FactoredMatrix(self.AB, other)
+
+    def __rmatmul__(self, other: Tensor) -> FactoredMatrix | Tensor:
+        """``other @ (A B)``: factored for a matrix, dense for a vector."""
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        if other.ndim == 1:
+            return (other @ self.A) @ self.B
+        if other.shape[-1] != self.m:
+            raise QkovError(f"cannot multiply {tuple(other.shape)} by {tuple(self.shape)}")
+        return FactoredMatrix(other @ self.A, self.B) if self.r <= self.m else FactoredMatrix(other, self.AB)
+
+    def __mul__(self, scalar: float | Tensor) -> FactoredMatrix:
+        if isinstance(scalar, Tensor) and scalar.numel() != 1:
+            raise QkovError(
+                f"a FactoredMatrix can be scaled by a scalar only, got shape {tuple(scalar.shape)}"
+            )
+        if not isinstance(scalar, int | float | Tensor):
+            return NotImplemented
+        return FactoredMatrix(self.A * scalar, self.B)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, scalar: float | Tensor) -> FactoredMatrix:
+        return self * (1.0 / scalar)
+
+    def __neg__(self) -> FactoredMatrix:
+        return self * -1
+
+    # -- indexing --------------------------------------------------------------------------------
+    def __getitem__(self, key: object) -> FactoredMatrix | Tensor:
+        """Index leading dimensions, rows and columns, staying factored.
+
+        ``fm[l, h]`` picks one head; ``fm[..., rows, :]`` and ``fm[..., :, cols]`` keep the selected
+        rows or columns (slices, lists, tensors). An integer row or column gives a dense tensor
+        (one row or column of the product).
+        """
+        batch_key, row, col = self._split_key(key)
+        A = self.A[(*batch_key, slice(None), slice(None))]
+        B = self.B[(*batch_key, slice(None), slice(None))]
+        A, B = A[..., row, :], B[..., :, col]
+        if isinstance(row, int) and isinstance(col, int):
+            return (A * B).sum(-1)
+        if isinstance(row, int):
+            return (A.unsqueeze(-2) @ B).squeeze(-2)
+        if isinstance(col, int):
+            return (A @ B.unsqueeze(-1)).squeeze(-1)
+        return FactoredMatrix(A, B)
+
+    def _split_key(self, key: object) -> tuple[tuple, object, object]:
+        key = key if isinstance(key, tuple) else (key,)
+        if any(k is None for k in key):
+            raise QkovError("FactoredMatrix indexing does not add dimensions (None)")
+        ellipses = [i for i, k in enumerate(key) if k is Ellipsis]
+        if len(ellipses) > 1:
+            raise QkovError("an index can have only one ellipsis")
+        if ellipses:
+            i = ellipses[0]
+            key = key[:i] + (slice(None),) * (self.ndim - len(key) + 1) + key[i + 1 :]
+        if len(key) > self.ndim:
+            raise QkovError(
+                f"too many indices ({len(key)}) for a FactoredMatrix of shape {tuple(self.shape)}"
+            )
+        key = key + (slice(None),) * (self.ndim - len(key))
+        return key[:-2], key[-2], key[-1]
+
+    # -- exact quantities, computed small -------------------------------------------------------
+    def _core(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(Q_A, core, Q_B)`` with ``A B = Q_A @ core @ Q_B^T`` and orthonormal columns in
+        ``Q_A [m, k1]``, ``Q_B [n, k2]``; ``core = R_A R_B^T`` is ``[k1, k2]``, ``k = min(r, m or n)``."""
+        Q_A, R_A = torch.linalg.qr(self.A)
+        Q_B, R_B = torch.linalg.qr(self.B.mT)
+        return Q_A, R_A @ R_B.mT, Q_B
+
+    def norm(self) -> Float[Tensor, "..."]:
+        """The Frobenius norm of ``A @ B``, exactly: that of the small core ``R_A R_B^T``."""
+        return torch.linalg.matrix_norm(self._core()[1])
+
+    def svd(self) -> tuple[Float[Tensor, "... m k"], Float[Tensor, "... k"], Float[Tensor, "... k n"]]:
+        """``U, S, Vh`` with ``U @ diag(S) @ Vh == A @ B``, ``k = min(m, n, r)``, singular values
+        descending. ``Vh`` is the conjugate transpose of the right singular vectors, as in
+        ``torch.linalg.svd``."""
+        Q_A, core, Q_B = self._core()
+        U, S, Vh = torch.linalg.svd(core, full_matrices=False)
+        return Q_A @ U, S, Vh @ Q_B.mT
+
+    @property
+    def rank(self) -> Int[Tensor, "..."]:
+        """The numerical rank of ``A @ B``, with the same tolerance as a dense
+        ``torch.linalg.matrix_rank`` of the product (``S.max() * max(m, n) * eps``)."""
+        S = torch.linalg.svdvals(self._core()[1])
+        if S.shape[-1] == 0:
+            return torch.zeros(self.batch_shape, dtype=torch.long)
+        tol = S.amax(-1, keepdim=True) * max(self.m, self.n) * torch.finfo(S.dtype).eps
+        return (S > tol).sum(-1)
+
+    def eigenvalues(self) -> Complex[Tensor, "... k"]:
+        """Eigenvalues of the square product ``A @ B`` that can be nonzero, ``k = min(m, r)``.
+
+        From the ``r x r`` matrix ``B A`` when ``r <= m`` (same nonzero eigenvalues); the other
+        ``m - r`` eigenvalues of ``A B`` are zero. Complex, since ``A B`` is not symmetric.
+        """
+        self._require_square("eigenvalues")
+        small = self.B @ self.A if self.r <= self.m else self.A @ self.B
+        return torch.linalg.eigvals(small)
+
+    def trace(self) -> Float[Tensor, "..."]:
+        """``tr(A B) = sum_ij A_ij B_ji``, without the product."""
+        self._require_square("trace")
+        return torch.einsum("...ij,...ji->...", self.A, self.B)
+
+    def diagonal(self) -> Float[Tensor, "... m"]:
+        """The diagonal of ``A @ B``: row ``i`` of ``A`` dotted with column ``i`` of ``B``."""
+        self._require_square("diagonal")
+        return (self.A * self.B.mT).sum(-1)
+
+    def _require_square(self, what: str) -> None:
+        if self.m != self.n:
+            raise QkovError(f"{what} needs a square matrix, got {self.m} x {self.n}")
+
+    # -- reading the largest entries, streamed -------------------------------------------------
+    def _rows_per_block(self, memory_bytes: int) -> int:
+        row_bytes = self.n * self.A.element_size() * 2  # the block and topk's workspace
+        return max(1, min(self.m, memory_bytes // row_bytes))
+
+    def topk(self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> TopK:
+        """The ``k`` largest (or smallest) entries of ``A @ B`` over all rows and columns, per
+        matrix, sorted, with their row and column indices.
+
+        The product is computed in blocks of rows of at most about ``memory_bytes``, never whole:
+        this reads a 50257 x 50257 OV circuit in a fixed amount of memory.
+        """
+        if not 1 <= k <= self.m * self.n:
+            raise QkovError(f"k must lie in [1, {self.m * self.n}], got {k}")
+        A = self.A.reshape(-1, self.m, self.r)
+        B = self.B.reshape(-1, self.r, self.n)
+        step = self._rows_per_block(memory_bytes)
+        results = []
+        for a, b in zip(A, B, strict=True):
+            best_values = torch.empty(0, dtype=self.dtype)
+            best_index = torch.empty(0, dtype=torch.long)
+            for start in range(0, self.m, step):
+                block = (a[start : start + step] @ b).reshape(-1)
+                values, index = block.topk(min(k, block.numel()), largest=largest)
+                values = torch.cat([best_values, values])
+                index = torch.cat([best_index, index + start * self.n])
+                keep = values.topk(min(k, values.numel()), largest=largest).indices
+                best_values, best_index = values[keep], index[keep]
+            results.append((best_values, best_index))
+        values = torch.stack([v for v, _ in results]).reshape(*self.batch_shape, k)
+        index = torch.stack([i for _, i in results]).reshape(*self.batch_shape, k)
+        return TopK(values, index // self.n, index % self.n)
+
+    def topk_per_row(
+        self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES
+    ) -> tuple[Float[Tensor, "... m k"], Int[Tensor, "... m k"]]:
+        """For every row of ``A @ B``, its ``k`` largest (or smallest) entries and their columns
+        (for a QK circuit: the tokens each token most wants to attend to), streamed in row blocks."""
+        if not 1 <= k <= self.n:
+            raise QkovError(f"k must lie in [1, {self.n}], got {k}")
+        step = self._rows_per_block(memory_bytes)
+        blocks = [
+            (self.A[..., start : start + step, :] @ self.B).topk(k, dim=-1, largest=largest)
+            for start in range(0, self.m, step)
+        ]
+        return torch.cat([b.values for b in blocks], dim=-2), torch.cat([b.indices for b in blocks], dim=-2)
+
+
+def _chain(left: FactoredMatrix, right: FactoredMatrix) -> FactoredMatrix:
+    """``(A1 B1)(A2 B2)`` cut at the smallest of its three inner dimensions ``r1``, ``n1 = m2``,
+    ``r2``; the middle ``B1 A2`` (``r1 x r2``) is formed first when the cut is at ``r1`` or ``r2``."""
+    if left.n != right.m:
+        raise QkovError(f"cannot multiply {tuple(left.shape)} by {tuple(right.shape)}")
+    smallest = min(left.r, left.n, right.r)
+    if smallest == left.n:
+        return FactoredMatrix(left.AB, right.AB)
+    middle = left.B @ right.A
+    if smallest == left.r:
+        return FactoredMatrix(left.A, middle @ right.B)
+    return FactoredMatrix(left.A @ middle, right.B)
+
+
+def copying_score(fm: FactoredMatrix) -> Float[Tensor, "..."]:
+    """``Re(sum l) / sum |l|`` over the eigenvalues ``l`` of each square matrix (section
+    "Detecting Copying Behavior"): near 1 when a head's OV circuit makes tokens raise their own
+    logits, near -1 when it lowers them. Defined as 0 for a zero matrix."""
+    eigenvalues = fm.eigenvalues()
+    total = eigenvalues.abs().sum(-1)
+    score = eigenvalues.real.sum(-1) / torch.where(total > 0, total, 1.0)
+    return torch.where(total > 0, score, 0.0)
+
+
+def random_copying_scores(
+    fm: FactoredMatrix, n_samples: int = 100, generator: torch.Generator | None = None
+) -> Float[Tensor, "n_samples"]:
+    """The paper's baseline: :func:`copying_score` of ``n_samples`` products of Gaussian factors
+    of the same shapes as one matrix of ``fm`` (``[m, r] @ [r, n]``), whose eigenvalues spread like
+    a (Ginibre) random matrix's. Compare a head's score with this distribution."""
+    fm._require_square("a copying-score baseline")
+    scores = []
+    for _ in range(n_samples):  # one sample at a time: each can be 50257 x d_head
+        A = torch.randn(fm.m, fm.r, generator=generator, dtype=torch.float64)
+        B = torch.randn(fm.r, fm.n, generator=generator, dtype=torch.float64)
+        scores.append(copying_score(FactoredMatrix(A, B)))
+    return torch.stack(scores)
