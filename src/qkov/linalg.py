@@ -28,7 +28,8 @@ from torch import Tensor
 
 from qkov.errors import QkovError
 
-DEFAULT_MEMORY_BYTES = 2**30  # the top-k streaming budget: about 1 GiB of product entries at once
+DEFAULT_MEMORY_BYTES = 2**30  # the top-k streaming budget: at most about 1 GiB of product entries at once
+BLOCK_BYTES = 16 * 2**20  # the block actually used when the budget allows: it stays in cache
 
 
 class TopK(NamedTuple):
@@ -255,36 +256,55 @@ class FactoredMatrix:
 
     # -- reading the largest entries, streamed -------------------------------------------------
     def _rows_per_block(self, memory_bytes: int) -> int:
-        row_bytes = self.n * self.A.element_size() * 2  # the block and topk's workspace
-        return max(1, min(self.m, memory_bytes // row_bytes))
+        """Rows of the product computed at once: within ``memory_bytes``, and no more than about
+        16 MiB, a block that stays in cache (larger blocks are slower, not faster)."""
+        row_bytes = self.n * self.A.element_size()
+        return max(1, min(self.m, min(memory_bytes, BLOCK_BYTES) // row_bytes))
 
     def topk(self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> TopK:
         """The ``k`` largest (or smallest) entries of ``A @ B`` over all rows and columns, per
         matrix, sorted, with their row and column indices.
 
-        The product is computed in blocks of rows of at most about ``memory_bytes``, never whole:
-        this reads a 50257 x 50257 OV circuit in a fixed amount of memory.
+        The product is computed a block of rows at a time into one reused buffer, never whole,
+        which reads a 50257 x 50257 OV circuit in a fixed amount of memory. Exact: once ``k``
+        candidates are held, a row can only contribute if its best entry beats the ``k``-th best
+        so far, so only such rows are searched.
         """
         if not 1 <= k <= self.m * self.n:
             raise QkovError(f"k must lie in [1, {self.m * self.n}], got {k}")
         A = self.A.reshape(-1, self.m, self.r)
         B = self.B.reshape(-1, self.r, self.n)
         step = self._rows_per_block(memory_bytes)
-        results = []
-        for a, b in zip(A, B, strict=True):
-            best_values = torch.empty(0, dtype=self.dtype)
-            best_index = torch.empty(0, dtype=torch.long)
-            for start in range(0, self.m, step):
-                block = (a[start : start + step] @ b).reshape(-1)
-                values, index = block.topk(min(k, block.numel()), largest=largest)
-                values = torch.cat([best_values, values])
-                index = torch.cat([best_index, index + start * self.n])
-                keep = values.topk(min(k, values.numel()), largest=largest).indices
-                best_values, best_index = values[keep], index[keep]
-            results.append((best_values, best_index))
-        values = torch.stack([v for v, _ in results]).reshape(*self.batch_shape, k)
-        index = torch.stack([i for _, i in results]).reshape(*self.batch_shape, k)
+        buffer = torch.empty(step, self.n, dtype=self.dtype)
+        found = [self._topk_one(a, b, k, largest, buffer) for a, b in zip(A, B, strict=True)]
+        values = torch.stack([v for v, _ in found]).reshape(*self.batch_shape, k)
+        index = torch.stack([i for _, i in found]).reshape(*self.batch_shape, k)
         return TopK(values, index // self.n, index % self.n)
+
+    def _topk_one(self, a: Tensor, b: Tensor, k: int, largest: bool, buffer: Tensor) -> tuple[Tensor, Tensor]:
+        best_values = torch.empty(0, dtype=self.dtype)
+        best_index = torch.empty(0, dtype=torch.long)
+        per_row = min(k, self.n)
+        for start in range(0, self.m, buffer.shape[0]):
+            rows_a = a[start : start + buffer.shape[0]]
+            block = buffer[: rows_a.shape[0]]
+            torch.matmul(rows_a, b, out=block)
+            if len(best_values) == k:
+                threshold = best_values[-1]
+                extreme = block.amax(-1) if largest else block.amin(-1)
+                rows = (extreme > threshold if largest else extreme < threshold).nonzero().squeeze(1)
+                if rows.numel() == 0:
+                    continue
+                values, cols = block[rows].topk(per_row, dim=-1, largest=largest)
+            else:
+                rows = torch.arange(block.shape[0])
+                values, cols = block.topk(per_row, dim=-1, largest=largest)
+            index = (start + rows)[:, None] * self.n + cols
+            values = torch.cat([best_values, values.reshape(-1)])
+            index = torch.cat([best_index, index.reshape(-1)])
+            keep = values.topk(min(k, values.numel()), largest=largest).indices
+            best_values, best_index = values[keep], index[keep]
+        return best_values, best_index
 
     def topk_per_row(
         self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES
