@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 import qkov
-from peak_memory import measure
 from qkov import FactoredMatrix
+
+from peak_memory import measure
 
 
 def tl_factored():

@@ -1,6 +1,11 @@
 """Training and forward throughput of qkov against TransformerLens 3.x, side by side in one run.
 
-Both libraries get the same attention-only config, batch, optimizer (AdamW), loss and thread count.
+Both libraries get the same attention-only config, batch, optimizer (AdamW) and thread count, and
+train with their own next-token loss: ``model.loss(windows)`` in qkov (windows of ``n_ctx + 1``
+tokens, the unembedding fused into the loss), ``model(tokens, return_type="loss")`` in
+TransformerLens (``n_ctx`` tokens). Both run the model over ``n_ctx`` positions per sequence
+(TransformerLens' last position has no target, so it scores one fewer). Tokens/s counts ``n_ctx``
+tokens per sequence for both.
 Measurements alternate between the two (qkov, TL, qkov, TL, ...) so that a noisy machine hits both
 alike; the figure is the median over repetitions. Model FLOPs utilisation (MFU) is the model's
 matmul FLOPs per second over the fp32 matmul rate measured on this machine in the same run.
@@ -16,13 +21,8 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 import qkov
-
-
-def loss_fn(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
 
 
 def make_tl(cfg: qkov.Config, source: qkov.AttnOnlyTransformer):
@@ -98,14 +98,15 @@ def main() -> None:
     cfg = qkov.Config(args.layers, args.n_heads, args.d_model, args.d_head, args.vocab_size, args.n_ctx)
     ours = qkov.AttnOnlyTransformer(cfg)
     theirs = make_tl(cfg, ours)
-    tokens = torch.randint(0, cfg.d_vocab, (args.batch_size, cfg.n_ctx))
+    windows = torch.randint(0, cfg.d_vocab, (args.batch_size, cfg.n_ctx + 1))
+    tokens = windows[:, :-1]
     n_tokens = tokens.numel()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
 
-    def train_step(model, optimizer):
+    def train_step(model, optimizer, loss_fn):
         def step():
             with autocast:
-                loss = loss_fn(model(tokens), tokens)
+                loss = loss_fn()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -121,8 +122,14 @@ def main() -> None:
         return run
 
     runs = {
-        ("train", "qkov"): train_step(ours, torch.optim.AdamW(ours.parameters(), lr=1e-3)),
-        ("train", "TransformerLens"): train_step(theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-3)),
+        ("train", "qkov"): train_step(
+            ours, torch.optim.AdamW(ours.parameters(), lr=1e-3), lambda: ours.loss(windows)
+        ),
+        ("train", "TransformerLens"): train_step(
+            theirs,
+            torch.optim.AdamW(theirs.parameters(), lr=1e-3),
+            lambda: theirs(tokens, return_type="loss"),
+        ),
         ("forward", "qkov"): forward(ours),
         ("forward", "TransformerLens"): forward(theirs),
     }

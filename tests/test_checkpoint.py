@@ -11,8 +11,9 @@ from safetensors.numpy import save_file as save_numpy
 from tokenizers import Tokenizer, models
 
 import qkov
-from conftest import random_model
 from qkov.checkpoint import expected_shapes
+
+from conftest import random_model
 
 CFG = qkov.Config(n_layers=2, n_heads=2, d_model=8, d_head=4, d_vocab=30, n_ctx=6)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 import qkov
-from conftest import random_model
 from qkov.cli import main
+
+from conftest import random_model
 
 
 def run(capsys, *argv):

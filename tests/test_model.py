@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import qkov
+
 from conftest import random_model
 from reference import reference_forward
 

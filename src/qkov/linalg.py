@@ -208,9 +208,13 @@ class FactoredMatrix:
         Q_B, R_B = torch.linalg.qr(self.B.mT)
         return Q_A, R_A @ R_B.mT, Q_B
 
+    def _core_only(self) -> Tensor:
+        """The core ``R_A R_B^T`` alone (QR without forming Q): the singular values of ``A B``."""
+        return torch.linalg.qr(self.A, mode="r").R @ torch.linalg.qr(self.B.mT, mode="r").R.mT
+
     def norm(self) -> Float[Tensor, "..."]:
         """The Frobenius norm of ``A @ B``, exactly: that of the small core ``R_A R_B^T``."""
-        return torch.linalg.matrix_norm(self._core()[1])
+        return torch.linalg.matrix_norm(self._core_only())
 
     def svd(self) -> tuple[Float[Tensor, "... m k"], Float[Tensor, "... k"], Float[Tensor, "... k n"]]:
         """``U, S, Vh`` with ``U @ diag(S) @ Vh == A @ B``, ``k = min(m, n, r)``, singular values
@@ -224,7 +228,7 @@ class FactoredMatrix:
     def rank(self) -> Int[Tensor, "..."]:
         """The numerical rank of ``A @ B``, with the same tolerance as a dense
         ``torch.linalg.matrix_rank`` of the product (``S.max() * max(m, n) * eps``)."""
-        S = torch.linalg.svdvals(self._core()[1])
+        S = torch.linalg.svdvals(self._core_only())
         if S.shape[-1] == 0:
             return torch.zeros(self.batch_shape, dtype=torch.long)
         tol = S.amax(-1, keepdim=True) * max(self.m, self.n) * torch.finfo(S.dtype).eps

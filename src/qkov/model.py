@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from qkov.config import Config
 from qkov.errors import QkovError
+from qkov.loss import unembed_cross_entropy
 
 
 class Attention(nn.Module):
@@ -59,20 +60,29 @@ class Attention(nn.Module):
         else:
             self.b_Q = self.b_K = self.b_V = self.b_O = None
 
-    def _project(
-        self, x: Float[Tensor, "batch pos d_model"], W: Tensor, b: Tensor | None
-    ) -> Float[Tensor, "batch n_heads pos d_head"]:
-        out = einsum(x, W, "batch pos d_model, n_heads d_model d_head -> batch n_heads pos d_head")
-        return out if b is None else out + b[:, None, :]
-
     def qkv(
         self, x: Float[Tensor, "batch pos d_model"], qk_input: Float[Tensor, "batch pos d_model"]
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys read ``qk_input`` (the stream plus positions, for shortformer); values
-        read the stream ``x``. Each is ``[batch, n_heads, pos, d_head]``."""
-        q = self._project(qk_input, self.W_Q, self.b_Q)
-        k = self._project(qk_input, self.W_K, self.b_K)
-        v = self._project(x, self.W_V, self.b_V)
+        read the stream ``x``. Each is ``[batch, n_heads, pos, d_head]``.
+
+        The projections that read the same input are one matrix multiplication.
+        """
+        weights = [self.W_Q, self.W_K, self.W_V]
+        groups = [(x, weights)] if qk_input is x else [(qk_input, weights[:2]), (x, weights[2:])]
+        outputs = []
+        for source, group in groups:
+            W = rearrange(torch.stack(group), "k n_heads d_model d_head -> d_model (k n_heads d_head)")
+            out = rearrange(
+                source @ W,
+                "batch pos (k n_heads d_head) -> k batch n_heads pos d_head",
+                k=len(group),
+                n_heads=self.n_heads,
+            )
+            outputs.extend(out.unbind(0))
+        q, k, v = outputs
+        if self.b_Q is not None:
+            q, k, v = q + self.b_Q[:, None, :], k + self.b_K[:, None, :], v + self.b_V[:, None, :]
         return q, k, v
 
     def pattern(
@@ -151,8 +161,10 @@ class AttnOnlyTransformer(nn.Module):
     def has_biases(self) -> bool:
         return self.b_U is not None
 
-    def check_tokens(self, tokens: Tensor) -> Int[Tensor, "batch pos"]:
-        """Validate a batch of token ids, with a clear error for what does not fit the model."""
+    def check_tokens(self, tokens: Tensor, max_pos: int | None = None) -> Int[Tensor, "batch pos"]:
+        """Validate a batch of token ids (at most ``max_pos``, default ``n_ctx``, per sequence),
+        with a clear error for what does not fit the model."""
+        max_pos = max_pos or self.cfg.n_ctx
         if not isinstance(tokens, Tensor):
             tokens = torch.as_tensor(tokens)
         if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
@@ -161,7 +173,7 @@ class AttnOnlyTransformer(nn.Module):
             tokens = tokens[None]
         if tokens.ndim != 2:
             raise QkovError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
-        if tokens.shape[1] > self.cfg.n_ctx:
+        if tokens.shape[1] > max_pos:
             raise QkovError(
                 f"sequence of {tokens.shape[1]} tokens is longer than the context (n_ctx={self.cfg.n_ctx})"
             )
@@ -192,13 +204,24 @@ class AttnOnlyTransformer(nn.Module):
         logits = resid @ self.W_U
         return logits if self.b_U is None else logits + self.b_U
 
-    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
-        tokens = self.check_tokens(tokens)
+    def residual(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        """The final residual stream (the fast path: no per-head writes are kept)."""
         resid, qk_positions = self.embed(tokens)
         for block in self.blocks:
             qk_input = resid if qk_positions is None else resid + qk_positions
             resid = resid + block.attn(resid, qk_input)
-        return self.unembed(resid)
+        return resid
+
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
+        return self.unembed(self.residual(self.check_tokens(tokens)))
+
+    def loss(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
+        """Mean next-token cross-entropy of predicting ``tokens[:, 1:]`` from ``tokens[:, :-1]``
+        (so up to ``n_ctx + 1`` tokens per sequence), with the unembedding fused into the loss
+        (no full logits tensor; see :mod:`qkov.loss`)."""
+        tokens = self.check_tokens(tokens, max_pos=self.cfg.n_ctx + 1)
+        resid = self.residual(tokens[:, :-1])
+        return unembed_cross_entropy(resid.flatten(0, 1), self.W_U, self.b_U, tokens[:, 1:].flatten())
 
     def run_with_cache(
         self,

@@ -88,12 +88,6 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
-def next_token_loss(model: AttnOnlyTransformer, windows: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of predicting ``windows[:, 1:]`` from ``windows[:, :-1]``."""
-    logits = model(windows[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
-
-
 class StopRequest:
     """Turns Ctrl-C into a request that the loop honours between steps, after a checkpoint, so an
     interrupted run is always resumable from the step it reached."""
@@ -205,7 +199,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
         with self.autocast:
-            metrics = {"eval_loss": float(next_token_loss(self.model, self.eval_windows))}
+            metrics = {"eval_loss": float(self.model.loss(self.eval_windows))}
             if self.repeat_tokens is not None:
                 logits, cache = self.model.run_with_cache(self.repeat_tokens)
                 losses = F.cross_entropy(
@@ -255,7 +249,7 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = cfg.lr_at(self.step)
                 with self.autocast:
-                    loss = next_token_loss(self.model, windows)
+                    loss = self.model.loss(windows)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                 self.optimizer.step()

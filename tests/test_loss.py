@@ -1,0 +1,52 @@
+"""The fused unembedding + cross-entropy against F.cross_entropy on full logits, in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qkov
+from qkov import loss as loss_module
+from qkov.loss import unembed_cross_entropy
+
+from conftest import random_model
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("chunk_bytes", [8, 1000, 2**22])  # one row per chunk, a few rows, all rows
+def test_loss_and_gradients_equal_the_unfused_ones(bias, chunk_bytes, monkeypatch):
+    monkeypatch.setattr(loss_module, "CHUNK_BYTES", chunk_bytes)
+    gen = torch.Generator().manual_seed(0)
+    resid = torch.randn(37, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    W_U = torch.randn(6, 11, generator=gen, dtype=torch.float64, requires_grad=True)
+    b_U = torch.randn(11, generator=gen, dtype=torch.float64, requires_grad=True) if bias else None
+    targets = torch.randint(0, 11, (37,), generator=gen)
+    fused = unembed_cross_entropy(resid, W_U, b_U, targets)
+    (3.0 * fused).backward()
+    grads = [x.grad.clone() for x in (resid, W_U, b_U) if x is not None]
+    for x in (resid, W_U, b_U):
+        if x is not None:
+            x.grad = None
+    logits = resid @ W_U + (b_U if b_U is not None else 0)
+    reference = F.cross_entropy(logits, targets)
+    (3.0 * reference).backward()
+    torch.testing.assert_close(fused, reference, rtol=1e-12, atol=1e-12)
+    for got, x in zip(grads, [x for x in (resid, W_U, b_U) if x is not None], strict=True):
+        torch.testing.assert_close(got, x.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_model_loss_equals_cross_entropy_of_its_logits():
+    cfg = qkov.Config(n_layers=2, n_heads=2, d_model=8, d_head=4, d_vocab=19, n_ctx=10)
+    model = random_model(cfg, biases=True).double()
+    tokens = torch.randint(0, 19, (3, 10))
+    logits = model(tokens[:, :-1])
+    expected = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    torch.testing.assert_close(model.loss(tokens), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_no_gradient_work_without_autograd():
+    resid, W_U = torch.randn(5, 4), torch.randn(4, 7)
+    with torch.no_grad():
+        value = unembed_cross_entropy(resid, W_U, None, torch.zeros(5, dtype=torch.long))
+    assert value.grad_fn is None and value > 0
