@@ -50,8 +50,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 autocasts matmuls to bfloat16")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--checkpoint-every", type=int, default=500)
+    p.add_argument("--eval-every", type=int, help="steps between evaluations (a line of metrics.jsonl)")
+    p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -65,19 +65,11 @@ def train_command(args: argparse.Namespace) -> None:
         raise QkovError(f"--layers must be 0 or more, got {args.layers}")
     out = Path(args.out)
     defaults = recipe(args.layers)
-    pick = {
-        name: getattr(args, name) if getattr(args, name) is not None else getattr(defaults, name)
-        for name in (
-            "d_model",
-            "n_heads",
-            "d_head",
-            "n_ctx",
-            "vocab_size",
-            "steps",
-            "batch_size",
-            "lr",
-            "precision",
-        )
+    pick = {  # an explicit flag wins over the recipe
+        field.name: getattr(args, field.name)
+        if getattr(args, field.name) is not None
+        else getattr(defaults, field.name)
+        for field in dataclasses.fields(defaults)
     }
     torch.set_num_threads(max(1, args.threads))
     corpus = read_corpus(args.corpus)
@@ -108,8 +100,8 @@ def train_command(args: argparse.Namespace) -> None:
             lr=pick["lr"],
             seed=args.seed,
             precision=pick["precision"],
-            eval_every=args.eval_every,
-            checkpoint_every=args.checkpoint_every,
+            eval_every=pick["eval_every"],
+            checkpoint_every=pick["checkpoint_every"],
         )
     trainer = Trainer(model_cfg, train_cfg, data, out, tokenizer)
     console.print(

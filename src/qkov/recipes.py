@@ -21,42 +21,23 @@ class Recipe:
     batch_size: int
     lr: float
     precision: str
+    eval_every: int
+    checkpoint_every: int
 
 
 def recipe(n_layers: int) -> Recipe:
     """The default settings for a model of ``n_layers`` attention layers."""
     if n_layers == 0:
         return Recipe(
-            d_model=128,
-            n_heads=4,
-            d_head=32,
-            n_ctx=128,
-            vocab_size=4096,
-            steps=1000,
-            batch_size=16,
-            lr=5e-3,
-            precision="bf16",
-        )
+            d_model=128, n_heads=4, d_head=32, n_ctx=128, vocab_size=4096, steps=1000, batch_size=16,
+            lr=5e-3, precision="fp32", eval_every=100, checkpoint_every=500,
+        )  # fmt: skip
     if n_layers == 1:
         return Recipe(
-            d_model=128,
-            n_heads=8,
-            d_head=16,
-            n_ctx=128,
-            vocab_size=4096,
-            steps=1500,
-            batch_size=16,
-            lr=5e-3,
-            precision="bf16",
-        )
+            d_model=128, n_heads=8, d_head=16, n_ctx=128, vocab_size=4096, steps=1500, batch_size=16,
+            lr=5e-3, precision="fp32", eval_every=100, checkpoint_every=500,
+        )  # fmt: skip
     return Recipe(
-        d_model=128,
-        n_heads=4,
-        d_head=32,
-        n_ctx=128,
-        vocab_size=4096,
-        steps=8000,
-        batch_size=16,
-        lr=5e-3,
-        precision="bf16",
-    )
+        d_model=128, n_heads=4, d_head=32, n_ctx=128, vocab_size=4096, steps=30000, batch_size=4,
+        lr=3e-3, precision="fp32", eval_every=1000, checkpoint_every=2000,
+    )  # fmt: skip

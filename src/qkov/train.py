@@ -42,6 +42,7 @@ from qkov.model import AttnOnlyTransformer, init_weights
 STATE_FILE = "training_state.safetensors"
 METRICS_FILE = "metrics.jsonl"
 TRAIN_CONFIG_FILE = "train_config.json"
+REPEAT_SEQUENCES = 32  # repeated random sequences scored at each evaluation
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,12 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     eval_every: int = 100
-    eval_batches: int = 4
+    eval_tokens: int = 32768  # held-out tokens scored at each evaluation
     checkpoint_every: int = 500
     precision: str = "fp32"  # or "bf16": matmuls in bfloat16 under torch.autocast
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every"):
+        for name in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise QkovError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -138,13 +139,12 @@ class Trainer:
         self.step = 0
         self.autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=train_cfg.precision == "bf16")
         eval_gen = torch.Generator().manual_seed(train_cfg.seed + 7919)
-        n_eval = train_cfg.eval_batches * train_cfg.batch_size
-        self.eval_windows = sample_windows(
-            data.eval, n_eval, min(model_cfg.n_ctx + 1, len(data.eval)), eval_gen
-        )
+        eval_length = min(model_cfg.n_ctx + 1, len(data.eval))
+        n_eval = max(1, train_cfg.eval_tokens // eval_length)
+        self.eval_windows = sample_windows(data.eval, n_eval, eval_length, eval_gen)
         self.repeat_period = model_cfg.n_ctx // 2
         self.repeat_tokens = (
-            repeated_random_tokens(train_cfg.batch_size, self.repeat_period, 2, model_cfg.d_vocab, eval_gen)
+            repeated_random_tokens(REPEAT_SEQUENCES, self.repeat_period, 2, model_cfg.d_vocab, eval_gen)
             if model_cfg.n_layers >= 2 and self.repeat_period >= 2
             else None
         )
