@@ -8,7 +8,7 @@ TransformerLens (``n_ctx`` tokens). Both run the model over ``n_ctx`` positions 
 tokens per sequence for both.
 Measurements alternate between the two (qkov, TL, qkov, TL, ...) so that a noisy machine hits both
 alike; the figure is the median over repetitions. Model FLOPs utilisation (MFU) is the model's
-matmul FLOPs per second over the fp32 matmul rate measured on this machine in the same run.
+matmul FLOPs per second over the matmul rate, in the same precision, measured in the same run.
 
     python benchmarks/train_throughput.py            # the issue's config, 1 thread
     python benchmarks/train_throughput.py --threads 2 --dtype bf16
@@ -53,9 +53,9 @@ def model_flops_per_token(cfg: qkov.Config, seq: int) -> float:
     return cfg.n_layers * per_layer + 2 * cfg.d_model * cfg.d_vocab
 
 
-def matmul_rate(n: int = 2048) -> float:
-    """The machine's fp32 matmul rate (FLOP/s) at a square size, best of a few runs."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_rate(dtype: torch.dtype, n: int = 2048) -> float:
+    """The machine's matmul rate (FLOP/s) in ``dtype`` at a square size, best of a few runs."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     best = float("inf")
     for _ in range(5):
@@ -139,7 +139,7 @@ def main() -> None:
     for _ in range(args.reps):
         for key, fn in runs.items():
             times[key] += timed(fn, 1)
-    rate = matmul_rate()
+    rate = matmul_rate(torch.bfloat16 if args.dtype == "bf16" else torch.float32)
 
     flops = model_flops_per_token(cfg, cfg.n_ctx)
     print(
@@ -147,7 +147,7 @@ def main() -> None:
         f"vocab {args.vocab_size}, batch {args.batch_size} x {args.n_ctx}, {args.threads} thread(s), "
         f"{args.dtype}, torch {torch.__version__}"
     )
-    print(f"measured fp32 matmul rate: {rate / 1e9:.0f} GFLOP/s")
+    print(f"measured {args.dtype} matmul rate: {rate / 1e9:.0f} GFLOP/s")
     for kind, mult in (("train", 3), ("forward", 1)):
         tps = {lib: n_tokens / statistics.median(times[(kind, lib)]) for lib in ("qkov", "TransformerLens")}
         for lib, value in tps.items():

@@ -48,6 +48,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="text files, folders or globs (repeatable); default: the Python standard library",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--embed-lr-mult", type=float, help="learning-rate multiplier for W_E and W_pos")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 autocasts matmuls to bfloat16")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
     p.add_argument("--eval-every", type=int, help="steps between evaluations (a line of metrics.jsonl)")
@@ -100,6 +101,7 @@ def train_command(args: argparse.Namespace) -> None:
             lr=pick["lr"],
             seed=args.seed,
             precision=pick["precision"],
+            embed_lr_mult=pick["embed_lr_mult"],
             eval_every=pick["eval_every"],
             checkpoint_every=pick["checkpoint_every"],
         )

@@ -23,6 +23,7 @@ class Recipe:
     precision: str
     eval_every: int
     checkpoint_every: int
+    embed_lr_mult: float = 1.0
 
 
 def recipe(n_layers: int) -> Recipe:
@@ -38,6 +39,6 @@ def recipe(n_layers: int) -> Recipe:
             lr=5e-3, precision="fp32", eval_every=100, checkpoint_every=500,
         )  # fmt: skip
     return Recipe(
-        d_model=128, n_heads=4, d_head=32, n_ctx=128, vocab_size=4096, steps=30000, batch_size=4,
-        lr=3e-3, precision="fp32", eval_every=1000, checkpoint_every=2000,
+        d_model=128, n_heads=4, d_head=32, n_ctx=128, vocab_size=4096, steps=24000, batch_size=8,
+        lr=5e-3, precision="fp32", eval_every=500, checkpoint_every=2000,
     )  # fmt: skip

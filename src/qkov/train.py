@@ -61,6 +61,10 @@ class TrainConfig:
     eval_tokens: int = 32768  # held-out tokens scored at each evaluation
     checkpoint_every: int = 500
     precision: str = "fp32"  # or "bf16": matmuls in bfloat16 under torch.autocast
+    # W_E and W_pos start at unit scale (see qkov.model.init_weights), ~10x the scale of the
+    # attention weights; Adam moves every entry by about lr, so they learn slower unless their
+    # learning rate is scaled up.
+    embed_lr_mult: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every"):
@@ -130,11 +134,14 @@ class Trainer:
             )
         self.model = AttnOnlyTransformer(model_cfg)
         init_weights(self.model, torch.Generator().manual_seed(train_cfg.seed))
-        decay = [p for n, p in self.model.named_parameters() if not n.rsplit(".", 1)[-1].startswith("b_")]
+        embeddings = {"W_E", "W_pos"}
+        params = dict(self.model.named_parameters())
+        groups = [
+            {"params": [p for n, p in params.items() if n in embeddings], "lr_mult": train_cfg.embed_lr_mult},
+            {"params": [p for n, p in params.items() if n not in embeddings], "lr_mult": 1.0},
+        ]
         self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": train_cfg.weight_decay}],
-            lr=train_cfg.lr,
-            betas=(0.9, 0.95),
+            groups, lr=train_cfg.lr, betas=(0.9, 0.95), weight_decay=train_cfg.weight_decay
         )
         self.step = 0
         self.autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=train_cfg.precision == "bf16")
@@ -247,7 +254,7 @@ class Trainer:
                     self.data.train, cfg.batch_size, seq, step_generator(cfg.seed, self.step)
                 )
                 for group in self.optimizer.param_groups:
-                    group["lr"] = cfg.lr_at(self.step)
+                    group["lr"] = cfg.lr_at(self.step) * group["lr_mult"]
                 with self.autocast:
                     loss = self.model.loss(windows)
                 loss.backward()
