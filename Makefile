@@ -14,9 +14,9 @@ $(BIN)/qkov: pyproject.toml
 
 setup: $(BIN)/qkov
 
-## The main job: train the default 2-layer model on the Python standard library.
+## The main job: train the default 2-layer model on the Python standard library (rerun to resume).
 train: setup
-	$(BIN)/qkov train --layers 2 --out runs/2-layer
+	$(BIN)/qkov train --layers 2 --out runs/2-layer --resume
 
 ## The test suite (TransformerLens oracle tests included), then the linter.
 test: setup

@@ -96,35 +96,38 @@ def weights(folder):
     return load_file(str(folder / "model.safetensors"))
 
 
+def kill_when(path, args):
+    """Start a training run, SIGKILL it as soon as ``path`` exists, and wait for it to die."""
+    victim = subprocess.Popen(
+        [sys.executable, "-m", "qkov.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 120
+    while not path.exists() and time.time() < deadline and victim.poll() is None:
+        time.sleep(0.002)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+
+
 def test_a_run_killed_with_sigkill_resumes_to_identical_weights(tiny_corpus, tmp_path):
     steps = ["--steps", "400", "--checkpoint-every", "10", "--eval-every", "50"]
     common = ["train", "--layers", "2", "--corpus", str(tiny_corpus), *TINY, *steps]
     reference = qkov_cli(*common, "--out", str(tmp_path / "straight"))
     assert reference.returncode == 0, reference.stderr
 
-    victim = subprocess.Popen(
-        [sys.executable, "-m", "qkov.cli", *common, "--out", str(tmp_path / "killed")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    state = tmp_path / "killed" / STATE_FILE
-    deadline = time.time() + 120
-    while not state.exists() and time.time() < deadline:
-        time.sleep(0.005)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    reached = int(load_state_step(state))
+    killed = tmp_path / "killed"
+    args = [*common, "--out", str(killed), "--resume"]
+    kill_when(killed / "train_config.json", args)  # killed at its start (usually before a checkpoint)
+    kill_when(killed / STATE_FILE, args)  # killed mid-way, just after a checkpoint
+    reached = int(load_state_step(killed / STATE_FILE))
     assert 0 < reached < 400, "the run was not interrupted mid-way; make it longer"
 
-    resumed = qkov_cli(*common, "--out", str(tmp_path / "killed"), "--resume")
+    resumed = qkov_cli(*args)
     assert resumed.returncode == 0, resumed.stderr
-    ours, theirs = weights(tmp_path / "killed"), weights(tmp_path / "straight")
+    ours, theirs = weights(killed), weights(tmp_path / "straight")
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name
-    steps_logged = [
-        json.loads(r)["step"] for r in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
-    ]
+    steps_logged = [json.loads(r)["step"] for r in (killed / "metrics.jsonl").read_text().splitlines()]
     assert steps_logged == list(range(50, 401, 50))
 
 

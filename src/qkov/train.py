@@ -30,7 +30,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from qkov.checkpoint import WEIGHTS_FILE, model_from_tensors, read_tensors, save
+from qkov.checkpoint import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    model_from_tensors,
+    read_tensors,
+    save,
+)
 from qkov.circuits.heads import induction_scores, previous_token_scores
 from qkov.config import Config
 from qkov.data.random_tokens import repeated_random_tokens
@@ -167,15 +174,23 @@ class Trainer:
         return tensors
 
     def save_checkpoint(self) -> None:
-        """The user-facing checkpoint, then the training state (one atomic file, the step in its
-        metadata): a kill between the two leaves a resumable folder."""
-        save(self.model, self.out, self.tokenizer)
-        atomic_write_text(
-            self.out / TRAIN_CONFIG_FILE, json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n"
-        )
+        """The training state first (weights and optimizer in one atomic file, the step in its
+        metadata), then the user-facing checkpoint: a run killed at any moment can be resumed."""
         tensors = self.state_tensors()
         meta = {"step": str(self.step), "config": self.model_cfg.to_json()}
         atomic_write(self.out / STATE_FILE, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+        save(self.model, self.out, self.tokenizer)
+
+    def start_folder(self) -> None:
+        """Mark ``out`` as this run's folder before the first step: the model config, the tokenizer
+        and, last, ``train_config.json`` (whose presence makes the folder resumable)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.out / CONFIG_FILE, self.model_cfg.to_json())
+        if self.tokenizer is not None:
+            atomic_write_text(self.out / TOKENIZER_FILE, self.tokenizer.to_str())
+        atomic_write_text(
+            self.out / TRAIN_CONFIG_FILE, json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n"
+        )
 
     def load_checkpoint(self) -> None:
         file = self.out / STATE_FILE
@@ -222,15 +237,19 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self, resume: bool = False, show_progress: bool = True) -> AttnOnlyTransformer:
-        if (self.out / STATE_FILE).exists():
+        if (self.out / TRAIN_CONFIG_FILE).exists():
             if not resume:
                 raise QkovError(
                     f"{self.out} already holds a training run; pass --resume or choose another --out"
                 )
-            self.load_checkpoint()
+            if (self.out / STATE_FILE).exists():
+                self.load_checkpoint()
+            else:  # stopped before its first checkpoint: start again from step 0
+                self.truncate_metrics()
         elif (self.out / WEIGHTS_FILE).exists():
             raise QkovError(f"{self.out} already holds a checkpoint; choose another --out")
-        self.out.mkdir(parents=True, exist_ok=True)
+        else:
+            self.start_folder()
         cfg, seq = self.cfg, self.model_cfg.n_ctx + 1
         tokens_per_step = cfg.batch_size * self.model_cfg.n_ctx
         columns = (
