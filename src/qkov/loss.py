@@ -13,7 +13,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-CHUNK_BYTES = 4 * 2**20  # logits of one chunk: a few MiB
+CHUNK_BYTES = 16 * 2**20  # logits of one chunk: 16 MiB, which stay in the last-level cache (measured best)
 
 
 class _UnembedCrossEntropy(torch.autograd.Function):
@@ -49,9 +49,12 @@ class _UnembedCrossEntropy(torch.autograd.Function):
             # d(mean loss)/d(logits) = (softmax - one_hot(target)) / n_tokens, in place.
             g = probs.div_(sums * n_tokens)
             g[torch.arange(len(t)), t] -= 1.0 / n_tokens
-            # under autocast the products below run in bfloat16, as usual
-            grads[0][start : start + chunk] = g @ W_U.mT
-            grads[1] += h.mT @ g
+            if torch.is_autocast_enabled("cpu"):  # products in bfloat16, accumulated in float32
+                grads[0][start : start + chunk] = g @ W_U.mT
+                grads[1] += h.mT @ g
+            else:  # the accumulation fused into the matrix multiplication
+                torch.matmul(g, W_U.mT, out=grads[0][start : start + chunk])
+                grads[1].addmm_(h.mT, g)
             if grads[2] is not None:
                 grads[2] += g.sum(0)
         if grads is not None:

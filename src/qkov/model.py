@@ -61,26 +61,30 @@ class Attention(nn.Module):
             self.b_Q = self.b_K = self.b_V = self.b_O = None
 
     def qkv(
-        self, x: Float[Tensor, "batch pos d_model"], qk_input: Float[Tensor, "batch pos d_model"]
+        self, x: Float[Tensor, "batch pos d_model"], qk_positions: Float[Tensor, "pos d_model"] | None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries and keys read ``qk_input`` (the stream plus positions, for shortformer); values
-        read the stream ``x``. Each is ``[batch, n_heads, pos, d_head]``.
+        """Queries, keys and values, each ``[batch, n_heads, pos, d_head]``.
 
-        The projections that read the same input are one matrix multiplication.
+        Values read the stream ``x``; queries and keys read ``x + qk_positions`` (shortformer), computed
+        as ``x @ W + qk_positions @ W`` so that all three projections are one matrix multiplication
+        and the positions' share is computed once for the whole batch.
         """
-        weights = [self.W_Q, self.W_K, self.W_V]
-        groups = [(x, weights)] if qk_input is x else [(qk_input, weights[:2]), (x, weights[2:])]
-        outputs = []
-        for source, group in groups:
-            W = rearrange(torch.stack(group), "k n_heads d_model d_head -> d_model (k n_heads d_head)")
-            out = rearrange(
-                source @ W,
-                "batch pos (k n_heads d_head) -> k batch n_heads pos d_head",
-                k=len(group),
-                n_heads=self.n_heads,
-            )
-            outputs.extend(out.unbind(0))
-        q, k, v = outputs
+        h = self.n_heads
+        W = rearrange(
+            torch.stack([self.W_Q, self.W_K, self.W_V]),
+            "k n_heads d_model d_head -> d_model (k n_heads d_head)",
+        )
+        q, k, v = rearrange(
+            x @ W, "batch pos (k n_heads d_head) -> k batch n_heads pos d_head", k=3, n_heads=h
+        ).unbind(0)
+        if qk_positions is not None:
+            pos_q, pos_k = rearrange(
+                qk_positions @ W[:, : 2 * h * self.d_head],
+                "pos (k n_heads d_head) -> k n_heads pos d_head",
+                k=2,
+                n_heads=h,
+            ).unbind(0)
+            q, k = q + pos_q, k + pos_k
         if self.b_Q is not None:
             q, k, v = q + self.b_Q[:, None, :], k + self.b_K[:, None, :], v + self.b_V[:, None, :]
         return q, k, v
@@ -95,10 +99,10 @@ class Attention(nn.Module):
         return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
 
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"], qk_input: Float[Tensor, "batch pos d_model"]
+        self, x: Float[Tensor, "batch pos d_model"], qk_positions: Float[Tensor, "pos d_model"] | None
     ) -> Float[Tensor, "batch pos d_model"]:
         """The layer's total write to the residual stream (the fast path used in training)."""
-        q, k, v = self.qkv(x, qk_input)
+        q, k, v = self.qkv(x, qk_positions)
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         out = rearrange(z, "batch n_heads pos d_head -> batch pos (n_heads d_head)")
         out = out @ rearrange(self.W_O, "n_heads d_head d_model -> (n_heads d_head) d_model")
@@ -107,7 +111,7 @@ class Attention(nn.Module):
     def head_writes(
         self,
         x: Float[Tensor, "batch pos d_model"],
-        qk_input: Float[Tensor, "batch pos d_model"],
+        qk_positions: Float[Tensor, "pos d_model"] | None,
         pattern: Float[Tensor, "batch n_heads dest src"] | None = None,
     ) -> tuple[Float[Tensor, "batch pos n_heads d_model"], Float[Tensor, "batch n_heads dest src"]]:
         """Every head's write to the residual stream and its attention pattern.
@@ -115,7 +119,7 @@ class Attention(nn.Module):
         With ``pattern`` given (frozen attention), the queries and keys are not used and the
         write is linear in ``x``. ``b_O`` belongs to no head and is not included.
         """
-        q, k, v = self.qkv(x, qk_input)
+        q, k, v = self.qkv(x, qk_positions)
         if pattern is None:
             pattern = self.pattern(q, k)
         z = einsum(
@@ -208,8 +212,7 @@ class AttnOnlyTransformer(nn.Module):
         """The final residual stream (the fast path: no per-head writes are kept)."""
         resid, qk_positions = self.embed(tokens)
         for block in self.blocks:
-            qk_input = resid if qk_positions is None else resid + qk_positions
-            resid = resid + block.attn(resid, qk_input)
+            resid = resid + block.attn(resid, qk_positions)
         return resid
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
@@ -249,9 +252,8 @@ class AttnOnlyTransformer(nn.Module):
             cache["hook_pos_embed"] = self.W_pos[: tokens.shape[1]]
         for layer, block in enumerate(self.blocks):
             cache[f"blocks.{layer}.hook_resid_pre"] = resid
-            qk_input = resid if qk_positions is None else resid + qk_positions
             frozen = None if patterns is None else patterns[layer]
-            writes, pattern = block.attn.head_writes(resid, qk_input, frozen)
+            writes, pattern = block.attn.head_writes(resid, qk_positions, frozen)
             cache[f"blocks.{layer}.attn.hook_pattern"] = pattern
             cache[f"blocks.{layer}.attn.hook_result"] = writes
             resid = resid + writes.sum(dim=2)
