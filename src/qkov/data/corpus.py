@@ -32,10 +32,6 @@ class Corpus:
     documents: tuple[Document, ...]
     skipped: int
 
-    @property
-    def n_chars(self) -> int:
-        return sum(len(d.text) for d in self.documents)
-
     def fingerprint(self) -> str:
         """A digest of every document's path and text: the key of cached tokenizers and tokens."""
         digest = hashlib.sha256()
