@@ -236,6 +236,15 @@ def test_topk_per_row(fm, k, largest):
     close(product.gather(-1, cols).numpy(), values.double().numpy(), tolerance(fm) * 10)
 
 
+def test_topk_reads_factors_that_require_grad():
+    """Model weights are parameters: reading their circuits must not trip over autograd."""
+    A = torch.randn(6, 2, requires_grad=True)
+    B = torch.randn(2, 5, requires_grad=True)
+    fm = FactoredMatrix(A, B)
+    torch.testing.assert_close(fm.topk(3).values, (A @ B).detach().flatten().topk(3).values)
+    torch.testing.assert_close(fm.topk_per_row(2)[0], (A @ B).detach().topk(2, dim=-1).values)
+
+
 def test_norm_of_ab_is_not_norm_of_ba():
     """The paper's trap (its published correction): tr and eigenvalues survive AB -> BA, the
     Frobenius norm does not. Here ||AB||_F = 2 and ||BA||_F = 0."""

@@ -265,12 +265,14 @@ class FactoredMatrix:
         row_bytes = self.n * self.A.element_size()
         return max(1, min(self.m, min(memory_bytes, BLOCK_BYTES) // row_bytes))
 
+    @torch.no_grad()
     def topk(self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> TopK:
         """The ``k`` largest (or smallest) entries of ``A @ B`` over all rows and columns, per
         matrix, sorted, with their row and column indices.
 
         The product is computed a block of rows at a time into one reused buffer, never whole,
-        which reads a 50257 x 50257 OV circuit in a fixed amount of memory. Exact: once ``k``
+        which reads a 50257 x 50257 OV circuit in a fixed amount of memory (no gradient flows
+        through it). Exact: once ``k``
         candidates are held, a row can only contribute if its best entry beats the ``k``-th best
         so far, so only such rows are searched.
         """
@@ -310,6 +312,7 @@ class FactoredMatrix:
             best_values, best_index = values[keep], index[keep]
         return best_values, best_index
 
+    @torch.no_grad()
     def topk_per_row(
         self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES
     ) -> tuple[Float[Tensor, "... m k"], Int[Tensor, "... m k"]]:
