@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
 
 import qkov
+
+# CI replays the same examples every run (no flaky failures from a lucky draw); a developer's run
+# explores new ones.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(autouse=True)
