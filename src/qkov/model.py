@@ -119,9 +119,12 @@ class Attention(nn.Module):
         With ``pattern`` given (frozen attention), the queries and keys are not used and the
         write is linear in ``x``. ``b_O`` belongs to no head and is not included.
         """
-        q, k, v = self.qkv(x, qk_positions)
         if pattern is None:
+            q, k, v = self.qkv(x, qk_positions)
             pattern = self.pattern(q, k)
+        else:  # frozen attention: only the values are needed
+            v = einsum(x, self.W_V, "batch pos d_model, n_heads d_model d_head -> batch n_heads pos d_head")
+            v = v if self.b_V is None else v + self.b_V[:, None, :]
         z = einsum(
             pattern, v, "batch n_heads dest src, batch n_heads src d_head -> batch n_heads dest d_head"
         )
