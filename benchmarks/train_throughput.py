@@ -65,13 +65,10 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048) -> float:
     return 2 * n**3 / best
 
 
-def timed(fn, reps: int) -> list[float]:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return times
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def main() -> None:
@@ -138,7 +135,7 @@ def main() -> None:
     times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
     for _ in range(args.reps):
         for key, fn in runs.items():
-            times[key] += timed(fn, 1)
+            times[key].append(timed(fn))
     rate = matmul_rate(torch.bfloat16 if args.dtype == "bf16" else torch.float32)
 
     flops = model_flops_per_token(cfg, cfg.n_ctx)

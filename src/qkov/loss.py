@@ -2,8 +2,8 @@
 
 The unembedding dominates a small model's cost, and its ``[tokens, d_vocab]`` logits are the
 largest tensor of a training step. Computing the loss and its gradients chunk by chunk, with the
-logits of one chunk alive at a time (a few MiB, in cache), skips two full passes over a logits
-tensor of hundreds of MiB. The result equals ``F.cross_entropy(resid @ W_U + b_U, targets)`` and
+logits of one chunk alive at a time (16 MiB, in the last-level cache), skips two full passes over a
+logits tensor of hundreds of MiB. The result equals ``F.cross_entropy(resid @ W_U + b_U, targets)`` and
 its gradients (tested against that to float64 precision).
 """
 
