@@ -139,32 +139,12 @@ def test_config_rejects_unknown_positional_embedding():
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("biases", [False, True])
 def test_forward_matches_transformer_lens(scheme, biases):
-    tl = pytest.importorskip("transformer_lens")
+    pytest.importorskip("transformer_lens")
     cfg = qkov.Config(
         n_layers=2, n_heads=4, d_model=32, d_head=8, d_vocab=61, n_ctx=24, positional_embedding=scheme
     )
     model = random_model(cfg, biases=biases).double()
-    tl_cfg = tl.HookedTransformerConfig(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        d_head=8,
-        d_vocab=61,
-        n_ctx=24,
-        attn_only=True,
-        normalization_type=None,
-        device="cpu",
-        dtype=torch.float64,
-        use_attn_result=True,
-        # TransformerLens has no "none": standard positions with W_pos = 0 are the same model.
-        positional_embedding_type="standard" if scheme == "none" else scheme,
-    )
-    with pytest.warns(DeprecationWarning):
-        reference = tl.HookedTransformer(tl_cfg)
-    state = qkov.interop.to_transformer_lens(model)
-    if scheme == "none":
-        state["pos_embed.W_pos"] = torch.zeros(24, 32, dtype=torch.float64)
-    reference.load_state_dict(state, strict=False)
+    reference = qkov.interop.to_hooked_transformer(model)
     tokens = torch.randint(0, 61, (3, 24))
     ours, cache = model.run_with_cache(tokens)
     theirs, tl_cache = reference.run_with_cache(tokens)

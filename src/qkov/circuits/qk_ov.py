@@ -1,0 +1,110 @@
+"""QK and OV circuits, at residual, token and position level (sections "OV and QK Independence"
+and "Summarizing OV/QK Matrices").
+
+Each head is two independent circuits. In the paper's column-vector notation, the QK circuit
+``W_QK = W_Q^T W_K`` says where a head looks and the OV circuit ``W_OV = W_O W_V`` what it writes.
+In qkov's row-vector form (see :mod:`qkov`) they are ``W_Q W_K^T`` and ``W_V W_O``: the score of a
+destination residual ``x`` for a source residual ``y`` is ``x W_Q W_K^T y^T / sqrt(d_head)``, and a
+head attending to ``y`` writes ``y W_V W_O``.
+
+The *full* circuits read tokens and write logits through the embeddings. They use only the
+direct path into the head (the paper's ``W_E^T W_QK W_E`` and ``W_U W_OV W_E``), which is the
+whole story for the first layer and the direct part for later ones. They are
+``d_vocab x d_vocab`` and are kept factored (:class:`qkov.FactoredMatrix`), never built.
+
+Biases (``b_Q``, ``b_K``, ``b_V``, ``b_O``), which the paper's models lack, are not part of any
+circuit here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from qkov.errors import QkovError
+from qkov.linalg import FactoredMatrix
+from qkov.model import AttnOnlyTransformer
+
+
+def stacked_weights(model: AttnOnlyTransformer, name: str) -> Tensor:
+    """``W_Q``, ``W_K``, ``W_V`` or ``W_O`` of every layer, ``[n_layers, n_heads, ...]``."""
+    if model.cfg.n_layers == 0:
+        raise QkovError("a model with no layers has no attention heads")
+    return torch.stack([getattr(block.attn, name) for block in model.blocks])
+
+
+def qk_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
+    """Every head's QK circuit ``W_Q W_K^T`` (paper: ``W_QK = W_Q^T W_K``),
+    ``[n_layers, n_heads, d_model, d_model]``, destination residual x source residual."""
+    return FactoredMatrix(stacked_weights(model, "W_Q"), stacked_weights(model, "W_K").mT)
+
+
+def ov_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
+    """Every head's OV circuit ``W_V W_O`` (paper: ``W_OV = W_O W_V``),
+    ``[n_layers, n_heads, d_model, d_model]``, source residual -> written residual."""
+    return FactoredMatrix(stacked_weights(model, "W_V"), stacked_weights(model, "W_O"))
+
+
+def full_ov_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
+    """Source token -> logits through each head alone: ``W_E W_V W_O W_U`` (paper:
+    ``W_U W_OV W_E``), ``[n_layers, n_heads, d_vocab, d_vocab]``. Entry ``[s, o]`` is how much
+    attending to token ``s`` raises the logit of token ``o``."""
+    return FactoredMatrix(
+        model.W_E @ stacked_weights(model, "W_V"), stacked_weights(model, "W_O") @ model.W_U
+    )
+
+
+class QKTerms(NamedTuple):
+    """A head's attention scores split by what the query and key read (section "Summarizing
+    OV/QK Matrices"): the pre-softmax score between destination ``d`` and source ``s`` is the sum
+    of the four terms at ``[token_d, token_s]``, ``[token_d, pos_s]``, ``[pos_d, token_s]`` and
+    ``[pos_d, pos_s]`` (direct path only). Every term is ``[n_layers, n_heads, rows, cols]``,
+    with the ``1 / sqrt(d_head)`` scale included, so entries are attention scores."""
+
+    token_token: FactoredMatrix
+    token_pos: FactoredMatrix
+    pos_token: FactoredMatrix
+    pos_pos: FactoredMatrix
+
+
+def full_qk_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
+    """Destination token x source token attention scores through each head:
+    ``W_E W_Q W_K^T W_E^T / sqrt(d_head)`` (paper: ``W_E^T W_QK W_E``),
+    ``[n_layers, n_heads, d_vocab, d_vocab]``. Scaled, so entries are pre-softmax scores."""
+    scale = model.cfg.d_head**-0.5
+    return FactoredMatrix(
+        model.W_E @ stacked_weights(model, "W_Q") * scale, (model.W_E @ stacked_weights(model, "W_K")).mT
+    )
+
+
+def qk_terms(model: AttnOnlyTransformer) -> QKTerms:
+    """The token and position parts of every head's attention scores (see :class:`QKTerms`).
+
+    Both the shortformer and the standard scheme feed ``W_E[token] + W_pos[pos]`` to the queries
+    and keys of the first layer, so the score splits into four bilinear terms; how large each is
+    tells how much a head's attention is about content and how much about position.
+    """
+    if model.W_pos is None:
+        raise QkovError("the model has no positional embedding (positional_embedding='none')")
+    scale = model.cfg.d_head**-0.5
+    W_Q, W_K = stacked_weights(model, "W_Q") * scale, stacked_weights(model, "W_K")
+    queries = {"token": model.W_E @ W_Q, "pos": model.W_pos @ W_Q}
+    keys = {"token": (model.W_E @ W_K).mT, "pos": (model.W_pos @ W_K).mT}
+    return QKTerms(
+        **{
+            f"{d}_{s}": FactoredMatrix(queries[d], keys[s])
+            for d in ("token", "pos")
+            for s in ("token", "pos")
+        }
+    )
+
+
+def qk_term_rms(terms: QKTerms) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
+    """The root-mean-square entry of each :class:`QKTerms` term (exact, from the factored norm):
+    a scale-free summary of how much of each head's attention is about content and how much
+    about position."""
+    return {name: fm.norm() / math.sqrt(fm.m * fm.n) for name, fm in terms._asdict().items()}

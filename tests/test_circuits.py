@@ -1,0 +1,243 @@
+"""QK/OV circuits, virtual weights, path expansion and term importance against dense float64
+computations and the independent reference model."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qkov
+from qkov.names import head_name
+
+from conftest import random_model
+from reference import reference_forward
+
+
+def cfg(n_layers=2, positional_embedding="shortformer", **kw):
+    base = dict(n_layers=n_layers, n_heads=3, d_model=16, d_head=4, d_vocab=23, n_ctx=10)
+    return qkov.Config(positional_embedding=positional_embedding, **(base | kw))
+
+
+def float64_model(n_layers=2, positional_embedding="shortformer", biases=False, seed=0, **kw):
+    return random_model(cfg(n_layers, positional_embedding, **kw), seed=seed, biases=biases).double()
+
+
+def tokens_for(model, batch=3, pos=None, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.cfg.d_vocab, (batch, pos or model.cfg.n_ctx), generator=gen)
+
+
+# -- circuits ----------------------------------------------------------------------------------
+def test_qk_and_ov_circuits_are_each_heads_dense_products():
+    model = float64_model(3)
+    qk, ov = qkov.qk_circuit(model), qkov.ov_circuit(model)
+    assert qk.shape == ov.shape == (3, 3, 16, 16)
+    for layer, head in itertools.product(range(3), range(3)):
+        attn = model.blocks[layer].attn
+        torch.testing.assert_close(
+            qk[layer, head].AB, attn.W_Q[head] @ attn.W_K[head].T, rtol=1e-12, atol=1e-12
+        )
+        torch.testing.assert_close(
+            ov[layer, head].AB, attn.W_V[head] @ attn.W_O[head], rtol=1e-12, atol=1e-12
+        )
+        # the paper's column-vector forms are the transposes
+        paper_ov = attn.W_O[head].T @ attn.W_V[head].T
+        torch.testing.assert_close(ov[layer, head].AB.T, paper_ov, rtol=1e-12, atol=1e-12)
+
+
+def test_full_ov_circuit_is_the_token_to_logit_map_of_a_head():
+    model = float64_model(1, "none")
+    attn = model.blocks[0].attn
+    full = qkov.full_ov_circuit(model)
+    assert full.shape == (1, 3, 23, 23)
+    torch.testing.assert_close(full[0, 1].AB, model.W_E @ attn.W_V[1] @ attn.W_O[1] @ model.W_U)
+
+
+def test_full_qk_circuit_gives_the_first_layers_attention_pattern():
+    """With no positions, softmax over the causal row of W_E W_QK W_E^T / sqrt(d_head) is the pattern."""
+    model = float64_model(1, "none")
+    tokens = tokens_for(model, batch=2)
+    _, cache = model.run_with_cache(tokens)
+    scores = qkov.full_qk_circuit(model).AB[0][:, tokens[:, :, None], tokens[:, None, :]]  # [head, b, d, s]
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    pattern = scores.masked_fill(~causal, -math.inf).softmax(-1).permute(1, 0, 2, 3)
+    torch.testing.assert_close(pattern, cache["blocks.0.attn.hook_pattern"], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("scheme", ["shortformer", "standard"])
+def test_qk_terms_sum_to_the_first_layers_attention_scores(scheme):
+    model = float64_model(1, scheme)
+    tokens = tokens_for(model, batch=2)
+    _, cache = model.run_with_cache(tokens)
+    terms = {name: fm.AB[0] for name, fm in qkov.qk_terms(model)._asdict().items()}
+    pos = torch.arange(10)
+    scores = (
+        terms["token_token"][:, tokens[:, :, None], tokens[:, None, :]]
+        + terms["token_pos"][:, tokens[:, :, None], pos[None, None, :]]
+        + terms["pos_token"][:, pos[None, :, None], tokens[:, None, :]]
+        + terms["pos_pos"][:, pos[None, :, None], pos[None, None, :]]
+    )
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    pattern = scores.masked_fill(~causal, -math.inf).softmax(-1).permute(1, 0, 2, 3)
+    torch.testing.assert_close(pattern, cache["blocks.0.attn.hook_pattern"], rtol=1e-12, atol=1e-12)
+    rms = qkov.qk_term_rms(qkov.qk_terms(model))
+    dense = terms["pos_token"]
+    torch.testing.assert_close(rms["pos_token"][0], dense.pow(2).mean((-1, -2)).sqrt())
+
+
+def test_qk_terms_need_positions():
+    with pytest.raises(qkov.QkovError, match="no positional embedding"):
+        qkov.qk_terms(float64_model(1, "none"))
+
+
+def test_a_model_without_layers_has_no_circuits():
+    with pytest.raises(qkov.QkovError, match="no attention heads"):
+        qkov.ov_circuit(float64_model(0))
+
+
+# -- virtual weights ---------------------------------------------------------------------------
+def test_virtual_weights_are_writer_output_times_reader_input():
+    model = float64_model(2, "standard")
+    b0, b1 = model.blocks[0].attn, model.blocks[1].attn
+    cases = {
+        ("embed", "L0H1.Q"): model.W_E @ b0.W_Q[1],
+        ("pos", "L1H2.K"): model.W_pos @ b1.W_K[2],
+        ("L0H2", "L1H0.V"): b0.W_O[2] @ b1.W_V[0],
+        ("L1H1", "unembed"): b1.W_O[1] @ model.W_U,
+        ("embed", "unembed"): model.W_E @ model.W_U,
+    }
+    for (writer, reader), dense in cases.items():
+        torch.testing.assert_close(qkov.virtual_weights(model, writer, reader).AB, dense)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "writer", "reader", "message"),
+    [
+        ("standard", "L1H0", "L1H1.Q", "does not write before"),
+        ("standard", "L1H0", "L0H1.K", "does not write before"),
+        ("standard", "L0H0", "L1H1.X", "'.K' or '.V'"),
+        ("standard", "L5H0", "unembed", "no head L5H0"),
+        ("standard", "head", "unembed", "not a head name"),
+        ("shortformer", "pos", "L1H0.V", "only the queries and keys"),
+        ("none", "pos", "L1H0.Q", "no positional embedding"),
+    ],
+)
+def test_virtual_weights_reject_what_does_not_exist(scheme, writer, reader, message):
+    with pytest.raises(qkov.QkovError, match=message):
+        qkov.virtual_weights(float64_model(2, scheme), writer, reader)
+
+
+# -- path expansion ----------------------------------------------------------------------------
+@pytest.mark.parametrize("n_layers", [0, 1, 2, 3])
+@pytest.mark.parametrize("scheme", ["shortformer", "standard"])
+@pytest.mark.parametrize("biases", [False, True])
+def test_path_terms_sum_to_the_logits_in_float64(n_layers, scheme, biases):
+    model = float64_model(n_layers, scheme, biases=biases)
+    tokens = tokens_for(model)
+    terms = qkov.path_expansion(model, tokens)
+    paths = [key for key in terms if key != "bias"]
+    assert len(paths) == (model.cfg.n_heads + 1) ** n_layers
+    assert ("bias" in terms) == biases
+    total = sum(terms.values())
+    torch.testing.assert_close(total, model(tokens), rtol=1e-10, atol=1e-10)
+    by_order = qkov.path_expansion(model, tokens, by="order")
+    assert [k for k in by_order if k != "bias"] == list(range(n_layers + 1))
+    for order in range(n_layers + 1):
+        torch.testing.assert_close(
+            by_order[order],
+            sum(t for p, t in terms.items() if p != "bias" and len(p) == order),
+            rtol=1e-10,
+            atol=1e-10,
+        )
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 3])
+def test_path_terms_sum_to_the_logits_in_float32(n_layers):
+    model = random_model(cfg(n_layers, "shortformer"), seed=3)
+    tokens = tokens_for(model)
+    total = sum(qkov.path_expansion(model, tokens).values())
+    logits = model(tokens).detach()
+    assert float((total - logits).abs().max() / logits.abs().max()) < 1e-5
+
+
+def test_a_virtual_head_term_is_its_two_patterns_and_two_ov_circuits():
+    """The term of ("L0H1", "L2H0") computed by hand from the reference model's patterns."""
+    model = float64_model(3, "standard")
+    tokens = tokens_for(model)
+    w = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    _, patterns, _, _ = reference_forward(w, model.cfg, tokens.numpy())
+    x = w["W_E"][tokens.numpy()] + w["W_pos"][:10]
+    a0, a2 = patterns[0][:, 1], patterns[2][:, 0]  # [batch, dest, src]
+    ov0 = w["blocks.0.attn.W_V"][1] @ w["blocks.0.attn.W_O"][1]
+    ov2 = w["blocks.2.attn.W_V"][0] @ w["blocks.2.attn.W_O"][0]
+    expected = a2 @ a0 @ x @ ov0 @ ov2 @ w["W_U"]
+    term = qkov.path_expansion(model, tokens)[("L0H1", "L2H0")]
+    np.testing.assert_allclose(term.numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_frozen_logits_are_linear_in_the_embedding():
+    """With patterns frozen, doubling the embedding doubles every path term (no bias)."""
+    model = float64_model(2)
+    tokens = tokens_for(model)
+    patterns = qkov.frozen_patterns(model, tokens)
+    before = qkov.path_expansion(model, tokens, patterns=patterns)
+    with torch.no_grad():
+        model.W_E.mul_(2.0)
+    after = qkov.path_expansion(model, tokens, patterns=patterns)
+    for path, term in before.items():
+        torch.testing.assert_close(after[path], 2 * term, rtol=1e-12, atol=1e-12)
+
+
+def test_path_expansion_rejects_a_bad_grouping_and_long_sequences():
+    model = float64_model(1)
+    with pytest.raises(qkov.QkovError, match="'path' or 'order'"):
+        qkov.path_expansion(model, tokens_for(model), by="head")
+    with pytest.raises(qkov.QkovError, match="longer than the context"):
+        qkov.path_expansion(model, torch.zeros(1, 11, dtype=torch.long))
+
+
+# -- term importance ---------------------------------------------------------------------------
+def ce(logits, tokens):
+    return float(F.cross_entropy(logits.detach()[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()))
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 3])
+@pytest.mark.parametrize("biases", [False, True])
+def test_term_importance_equals_the_loss_of_path_sums_by_order(n_layers, biases):
+    model = float64_model(n_layers, "standard", biases=biases, seed=n_layers)
+    tokens = tokens_for(model, batch=4)
+    result = qkov.term_importance(model, tokens)
+    assert result.loss_by_order[-1] == pytest.approx(ce(model(tokens).detach(), tokens), rel=1e-10)
+    if biases:  # b_U joins the direct path; b_V and b_O count with the head or layer that adds them
+        assert result.loss_by_order[0] == pytest.approx(
+            ce(model.unembed(model.embed(tokens)[0]).detach(), tokens)
+        )
+        return
+    terms = qkov.path_expansion(model, tokens)
+    for order in range(n_layers + 1):
+        kept = sum(t for p, t in terms.items() if len(p) <= order)
+        assert result.loss_by_order[order] == pytest.approx(ce(kept, tokens), rel=1e-10)
+    assert result.loss_by_order[-1] == pytest.approx(ce(model(tokens), tokens), rel=1e-10)
+    assert result.marginal == pytest.approx(np.diff(result.loss_by_order) * -1, rel=1e-12)
+    direct = terms[()]
+    for layer, head in itertools.product(range(n_layers), range(3)):
+        with_head = ce(direct + terms[(head_name(layer, head),)], tokens)
+        assert result.first_order_by_head[layer][head] == pytest.approx(
+            ce(direct, tokens) - with_head, rel=1e-10
+        )
+    for layer in range(n_layers):
+        with_layer = direct + sum(terms[(head_name(layer, h),)] for h in range(3))
+        assert result.first_order_by_layer[layer] == pytest.approx(
+            ce(direct, tokens) - ce(with_layer, tokens)
+        )
+
+
+def test_term_importance_needs_two_tokens():
+    model = float64_model(1)
+    with pytest.raises(qkov.QkovError, match="at least 2 tokens"):
+        qkov.term_importance(model, torch.zeros(2, 1, dtype=torch.long))
