@@ -161,15 +161,117 @@ def info_command(args: argparse.Namespace) -> None:
         print("  last metrics: " + ", ".join(f"{k} {v}" for k, v in last.items()))
 
 
+def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="run every analysis for a checkpoint's depth; write results.json and report.html",
+        description="Run every analysis that applies to the checkpoint's depth and write "
+        "DIR/results.json and DIR/report.html.",
+    )
+    p.add_argument("checkpoint", help="checkpoint folder (config.json, model.safetensors, [tokenizer.json])")
+    p.add_argument("--out", help="output folder (default: CHECKPOINT/analysis)")
+    p.add_argument(
+        "--corpus",
+        action="append",
+        metavar="PATH",
+        help="text files, folders or globs (repeatable), or 'stdlib' for the embedded default corpus: "
+        "adds the bigram comparison and checks skip-trigram bugs against the text",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token batches")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def analyze_command(args: argparse.Namespace) -> None:
+    from qkov.analyze import analyze_checkpoint
+
+    torch.set_num_threads(max(1, args.threads))
+    out = Path(args.out) if args.out else Path(args.checkpoint) / "analysis"
+    results = analyze_checkpoint(
+        args.checkpoint, out, args.corpus, seed=args.seed, show_progress=not args.quiet
+    )
+    for line in summary_lines(results):
+        console.print(line, highlight=False)
+    console.print(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+
+
+def summary_lines(results: dict) -> list[str]:
+    """A few lines a person reads first: the headline numbers of one model's results."""
+    cfg = results["config"]
+    lines = [f"{cfg['n_layers']}-layer model, {cfg['n_heads']} heads per layer, d_model {cfg['d_model']}"]
+    if "bigram" in results:
+        b = results["bigram"]
+        lines.append(
+            f"  direct path vs corpus bigrams: correlation {b['correlation']:.3f}, KL {b['kl']:.3f} nats"
+        )
+    if "copying" in results:
+        c = results["copying"]
+        n = len(results["heads"])
+        lines.append(f"  copying heads: {c['copying_heads']} of {n} (threshold {c['threshold']:+.2f})")
+    if "in_context_loss" in results:
+        repeats = results["in_context_loss"]["repeats"]
+        lines.append("  loss on repeated random tokens: " + " / ".join(f"{x:.2f}" for x in repeats))
+    for head in results.get("heads", []):
+        if (head.get("previous_token_score") or 0) > 0.5 or (head.get("induction_score") or 0) > 0.3:
+            lines.append(
+                f"  {head['name']}: previous-token {head['previous_token_score']:.2f}, "
+                f"induction {head['induction_score']:.2f}, copying {head['copying_score']:+.2f}"
+            )
+    return lines
+
+
+def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="train 0/1/2-layer models, analyse them, check the paper's claims, write a report",
+        description="Train the 0-, 1- and 2-layer models with the measured defaults (reusing finished "
+        "and resuming interrupted runs in DIR), analyse each, and write DIR/results.json and "
+        "DIR/report.html.",
+    )
+    p.add_argument("--out", default="runs/reproduce", help="output folder (default: runs/reproduce)")
+    p.add_argument(
+        "--corpus",
+        action="append",
+        metavar="PATH",
+        help="text files, folders or globs (repeatable); default: the Python standard library",
+    )
+    p.add_argument("--quick", action="store_true", help="tiny models, few steps: exercises every code path")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def reproduce_command(args: argparse.Namespace) -> None:
+    from qkov.reproduce import reproduce, summary_table
+
+    torch.set_num_threads(max(1, args.threads))
+    out = Path(args.out)
+    try:
+        results = reproduce(out, args.corpus, args.quick, args.seed, show_progress=not args.quiet)
+    except KeyboardInterrupt:
+        console.print("interrupted; the checkpoint is saved. Rerun the same command to resume.")
+        sys.exit(130)
+    print(summary_table(results["claims"]))
+    minutes = results["timings"]["total_s"] / 60
+    print(f"total {minutes:.1f} min; wrote {out / 'results.json'} and {out / 'report.html'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="qkov", description="Transformer circuits, read off the weights.")
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
+    add_analyze_parser(sub)
+    add_reproduce_parser(sub)
     info = sub.add_parser("info", help="validate a checkpoint folder and describe it")
     info.add_argument("checkpoint")
     args = parser.parse_args(argv)
     try:
-        {"train": train_command, "info": info_command}[args.command](args)
+        {
+            "train": train_command,
+            "info": info_command,
+            "analyze": analyze_command,
+            "reproduce": reproduce_command,
+        }[args.command](args)
     except QkovError as err:
         print(f"qkov: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -22,7 +22,7 @@ expansion needs.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -233,6 +233,7 @@ class AttnOnlyTransformer(nn.Module):
         self,
         tokens: Int[Tensor, "batch pos"],
         patterns: Sequence[Float[Tensor, "batch n_heads dest src"]] | None = None,
+        edit_writes: Callable[[int, Tensor], Tensor] | None = None,
     ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]:
         """Logits and every activation, under TransformerLens' hook names.
 
@@ -245,6 +246,10 @@ class AttnOnlyTransformer(nn.Module):
 
         ``patterns``, one per layer, freezes the attention: the given patterns are used instead of
         the ones the queries and keys would give, and the model is then linear in its input.
+
+        ``edit_writes(layer, writes)``, when given, replaces each layer's head writes
+        ``[batch, pos, n_heads, d_model]`` before they join the stream (ablations); the cache holds
+        the edited writes.
         """
         tokens = self.check_tokens(tokens)
         if patterns is not None and len(patterns) != self.cfg.n_layers:
@@ -257,6 +262,8 @@ class AttnOnlyTransformer(nn.Module):
             cache[f"blocks.{layer}.hook_resid_pre"] = resid
             frozen = None if patterns is None else patterns[layer]
             writes, pattern = block.attn.head_writes(resid, qk_positions, frozen)
+            if edit_writes is not None:
+                writes = edit_writes(layer, writes)
             cache[f"blocks.{layer}.attn.hook_pattern"] = pattern
             cache[f"blocks.{layer}.attn.hook_result"] = writes
             resid = resid + writes.sum(dim=2)

@@ -22,7 +22,7 @@ import math
 from functools import lru_cache
 
 import torch
-from einops import einsum
+from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
@@ -71,12 +71,15 @@ def raw_composition_scores(
             (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), math.nan, dtype=left.dtype
         )
         for layer_to in range(1, cfg.n_layers):
-            products = einsum(
-                left[:layer_to],
-                right[layer_to],
-                "l_from h_from d_head d_model, h_to d_model e -> l_from h_from h_to d_head e",
+            # every pair (h1 in an earlier layer, h2 in layer_to) in one matrix product: the
+            # d_head x d_head blocks of [(l_from h_from e), d_model] @ [d_model, (h_to f)]
+            products = rearrange(left[:layer_to], "l h e d -> (l h e) d") @ rearrange(
+                right[layer_to], "h d f -> d (h f)"
             )
-            numerator = torch.linalg.matrix_norm(products)
+            blocks = rearrange(
+                products, "(l h1 e) (h2 f) -> l h1 h2 e f", l=layer_to, h1=cfg.n_heads, h2=cfg.n_heads
+            )
+            numerator = blocks.square().sum((-1, -2)).sqrt()
             denominator = ov_norm[:layer_to, :, None] * reader_norm[layer_to][None, None, :]
             scores[:layer_to, :, layer_to] = numerator / denominator
     return scores

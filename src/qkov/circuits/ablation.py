@@ -1,0 +1,91 @@
+"""Ablating a head: replace its write to the residual stream by zero or by its mean, and see what
+breaks downstream (section "Two-Layer Attention-Only Transformers": without the previous-token head
+there is no induction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Int
+from torch import Tensor
+
+from qkov.circuits.heads import induction_scores
+from qkov.errors import QkovError
+from qkov.model import AttnOnlyTransformer
+from qkov.names import head_name
+
+MODES = ("zero", "mean")
+
+
+@dataclass(frozen=True)
+class RepeatBehaviour:
+    """On tokens repeating every ``period`` positions: every head's induction score
+    ``[n_layers][n_heads]`` and the mean next-token loss on each repeat."""
+
+    induction: list[list[float]]
+    loss_per_repeat: list[float]
+
+
+def repeat_behaviour(
+    logits: Tensor, cache: dict, tokens: Int[Tensor, "batch pos"], period: int
+) -> RepeatBehaviour:
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none").mean(0)
+    repeats = tokens.shape[1] // period
+    per_repeat = [float(losses[r * period : (r + 1) * period - 1].mean()) for r in range(repeats)]
+    return RepeatBehaviour(induction_scores(cache, period).tolist(), per_repeat)
+
+
+@torch.no_grad()
+def run_ablated(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], layer: int, head: int, mode: str
+) -> tuple[Tensor, dict]:
+    """Logits and cache with head ``(layer, head)``'s write replaced: by zero (``"zero"``) or by
+    its mean over the batch and positions of this input (``"mean"``)."""
+    if mode not in MODES:
+        raise QkovError(f"ablation mode must be 'zero' or 'mean', got {mode!r}")
+    mean = None
+    if mode == "mean":
+        _, clean = model.run_with_cache(tokens)
+        mean = clean[f"blocks.{layer}.attn.hook_result"][:, :, head].mean((0, 1))
+
+    def edit(at_layer: int, writes: Tensor) -> Tensor:
+        if at_layer != layer:
+            return writes
+        writes = writes.clone()
+        writes[:, :, head] = 0.0 if mean is None else mean
+        return writes
+
+    return model.run_with_cache(tokens, edit_writes=edit)
+
+
+@torch.no_grad()
+def ablation_effects(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], period: int) -> list[dict]:
+    """For every head of every layer but the last, zero- and mean-ablated: the change in each later
+    head's induction score and in the loss on each repeat, against the clean run."""
+    tokens = model.check_tokens(tokens)
+    logits, cache = model.run_with_cache(tokens)
+    clean = repeat_behaviour(logits, cache, tokens, period)
+    effects = []
+    for layer in range(model.cfg.n_layers - 1):
+        for head in range(model.cfg.n_heads):
+            for mode in MODES:
+                ablated = repeat_behaviour(*run_ablated(model, tokens, layer, head, mode), tokens, period)
+                effects.append(
+                    {
+                        "head": head_name(layer, head),
+                        "mode": mode,
+                        "induction_change": {
+                            head_name(later, h): ablated.induction[later][h] - clean.induction[later][h]
+                            for later in range(layer + 1, model.cfg.n_layers)
+                            for h in range(model.cfg.n_heads)
+                        },
+                        "loss_per_repeat": ablated.loss_per_repeat,
+                        "loss_change": [
+                            a - c for a, c in zip(ablated.loss_per_repeat, clean.loss_per_repeat, strict=True)
+                        ],
+                    }
+                )
+    return effects
