@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: train test setup
+.PHONY: reproduce train test setup chromium
 
 $(BIN)/qkov: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,11 +15,23 @@ $(BIN)/qkov: pyproject.toml
 
 setup: $(BIN)/qkov
 
-## The main job: train the default 2-layer model on the Python standard library (rerun to resume).
+## The main job: train 0-, 1- and 2-layer models on the Python standard library, analyse them, check
+## the paper's claims, write runs/reproduce/report.html and results.json (rerun to resume).
+reproduce: setup
+	$(BIN)/qkov reproduce --out runs/reproduce
+
+## Only the 2-layer model (rerun to resume).
 train: setup
 	$(BIN)/qkov train --layers 2 --out runs/2-layer --resume
 
-## The test suite (TransformerLens oracle tests included), then the linter.
-test: setup
+## Headless Chromium for the report's browser test (Debian packages), when it is missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing chromium and chromium-driver (for the report's browser test)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	} || echo "warning: could not install chromium; the browser test will be skipped"
+
+## The test suite (TransformerLens oracle and headless-browser tests included), then the linter.
+test: setup chromium
 	$(BIN)/python -m pytest
 	$(BIN)/ruff check src tests benchmarks

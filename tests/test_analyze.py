@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import qkov
+from handbuilt import induction_model, skip_trigram_model
 from qkov.analyze import analyze, phase_change
 from qkov.circuits.ablation import run_ablated
 from qkov.circuits.bigrams import BigramCounts, compare_bigrams
@@ -21,8 +22,6 @@ from qkov.circuits.skip_trigrams import (
     strongest_skip_trigrams,
 )
 from qkov.cli import main
-
-from handbuilt import induction_model, skip_trigram_model
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +182,8 @@ def test_analyze_a_hand_written_checkpoint_without_tokenizer(tmp_path, capsys):
     assert [h["name"] for h in results["heads"]] == ["L0H0", "L0H1", "L1H0", "L1H1"]
     for key in ("composition", "induction_check", "in_context_loss", "term_importance", "ablation"):
         assert key in results
-    assert set(results["heads"][0]) >= {
-        "name", "layer", "head", "copying_score", "previous_token_score", "induction_score", "duplicate_token_score"
-    }  # fmt: skip
+    scores = {"copying_score", "previous_token_score", "induction_score", "duplicate_token_score"}
+    assert set(results["heads"][0]) >= {"name", "layer", "head"} | scores
     assert results["tokens"][5] == "#5"
     html = (tmp_path / "out" / "report.html").read_text()
     assert "K-composition" in html and "<svg" in html

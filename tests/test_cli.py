@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import qkov
 from qkov.cli import main
@@ -111,3 +112,16 @@ def test_info_on_a_corrupt_checkpoint(capsys, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"garbage")
     code, _, err = run(capsys, "info", str(tmp_path))
     assert_one_line_error(code, err, "truncated or corrupt")
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [("mps", "only cpu and cuda"), ("tpu", "not a device name")]
+    + ([] if torch.cuda.is_available() else [("cuda", "no CUDA device is available")]),
+)
+def test_an_unusable_device_is_one_line(capsys, tmp_path, tiny_corpus, device, message):
+    out = tmp_path / "o"
+    argv = ["train", "--layers", "1", "--out", str(out), "--corpus", str(tiny_corpus), "--vocab-size", "300"]
+    code, _, err = run(capsys, *argv, "--device", device)
+    assert_one_line_error(code, err, message)
+    assert not (out / "model.safetensors").exists()

@@ -51,6 +51,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--embed-lr-mult", type=float, help="learning-rate multiplier for W_E and W_pos")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 autocasts matmuls to bfloat16")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
+    p.add_argument("--device", default="cpu", help="where to train: cpu (default), cuda, cuda:1, ...")
     p.add_argument("--eval-every", type=int, help="steps between evaluations (a line of metrics.jsonl)")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -105,7 +106,7 @@ def train_command(args: argparse.Namespace) -> None:
             eval_every=pick["eval_every"],
             checkpoint_every=pick["checkpoint_every"],
         )
-    trainer = Trainer(model_cfg, train_cfg, data, out, tokenizer)
+    trainer = Trainer(model_cfg, train_cfg, data, out, tokenizer, device=args.device)
     console.print(
         f"corpus: {len(corpus.documents)} documents ({corpus.skipped} skipped), "
         f"{len(data.train):,} train / {len(data.eval):,} eval tokens; vocabulary {model_cfg.d_vocab}"
@@ -238,6 +239,9 @@ def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="tiny models, few steps: exercises every code path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
+    p.add_argument(
+        "--device", default="cpu", help="where to train: cpu (default), cuda, ... (analysis runs on the CPU)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -247,7 +251,7 @@ def reproduce_command(args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, args.threads))
     out = Path(args.out)
     try:
-        results = reproduce(out, args.corpus, args.quick, args.seed, show_progress=not args.quiet)
+        results = reproduce(out, args.corpus, args.quick, args.seed, not args.quiet, args.device)
     except KeyboardInterrupt:
         console.print("interrupted; the checkpoint is saved. Rerun the same command to resume.")
         sys.exit(130)

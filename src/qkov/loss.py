@@ -24,7 +24,7 @@ class _UnembedCrossEntropy(torch.autograd.Function):
     def forward(ctx, resid, W_U, b_U, targets, with_grad):
         n_tokens, d_vocab = resid.shape[0], W_U.shape[1]
         chunk = max(1, CHUNK_BYTES // (4 * d_vocab))
-        total = torch.zeros((), dtype=torch.promote_types(resid.dtype, torch.float32))
+        total = torch.zeros((), dtype=torch.promote_types(resid.dtype, torch.float32), device=resid.device)
         grads = None
         if with_grad:
             grads = [
@@ -48,8 +48,8 @@ class _UnembedCrossEntropy(torch.autograd.Function):
                 continue
             # d(mean loss)/d(logits) = (softmax - one_hot(target)) / n_tokens, in place.
             g = probs.div_(sums * n_tokens)
-            g[torch.arange(len(t)), t] -= 1.0 / n_tokens
-            if torch.is_autocast_enabled("cpu"):  # products in bfloat16, accumulated in float32
+            g[torch.arange(len(t), device=g.device), t] -= 1.0 / n_tokens
+            if torch.is_autocast_enabled(resid.device.type):  # products in bfloat16, accumulated in float32
                 grads[0][start : start + chunk] = g @ W_U.mT
                 grads[1] += h.mT @ g
             else:  # the accumulation fused into the matrix multiplication

@@ -38,7 +38,9 @@ def quick_recipe(n_layers: int) -> Recipe:
     )  # fmt: skip
 
 
-def train_depth(n_layers: int, r: Recipe, data, tokenizer, out: Path, seed: int, show_progress: bool):
+def train_depth(
+    n_layers: int, r: Recipe, data, tokenizer, out: Path, seed: int, show_progress: bool, device: str
+):
     cfg = Config(
         n_layers=n_layers, n_heads=r.n_heads, d_model=r.d_model, d_head=r.d_head,
         d_vocab=tokenizer.get_vocab_size(), n_ctx=r.n_ctx,
@@ -47,12 +49,17 @@ def train_depth(n_layers: int, r: Recipe, data, tokenizer, out: Path, seed: int,
         steps=r.steps, batch_size=r.batch_size, lr=r.lr, seed=seed, precision=r.precision,
         embed_lr_mult=r.embed_lr_mult, eval_every=r.eval_every, checkpoint_every=r.checkpoint_every,
     )  # fmt: skip
-    trainer = Trainer(cfg, train_cfg, data, out, tokenizer)
-    return trainer.run(resume=True, show_progress=show_progress)
+    trainer = Trainer(cfg, train_cfg, data, out, tokenizer, device)
+    return trainer.run(resume=True, show_progress=show_progress).cpu()
 
 
 def reproduce(
-    out: Path, corpus: list[str] | None = None, quick: bool = False, seed: int = 0, show_progress: bool = True
+    out: Path,
+    corpus: list[str] | None = None,
+    quick: bool = False,
+    seed: int = 0,
+    show_progress: bool = True,
+    device: str = "cpu",
 ) -> dict:
     started = time.perf_counter()
     text = read_corpus(corpus)
@@ -66,7 +73,7 @@ def reproduce(
             f"[bold]{n_layers}-layer model[/bold]: {r.steps} steps x {r.batch_size} x {r.n_ctx} tokens -> {folder}"
         )
         t0 = time.perf_counter()
-        model = train_depth(n_layers, r, data, tokenizer, folder, seed, show_progress)
+        model = train_depth(n_layers, r, data, tokenizer, folder, seed, show_progress, device)
         t1 = time.perf_counter()
         models[f"{n_layers}-layer"] = analyze(
             model, (data.train, data.eval), read_training_log(folder), show_progress, seed
@@ -81,6 +88,7 @@ def reproduce(
         "claims": claims,
         "timings": timings | {"total_s": round(time.perf_counter() - started, 1)},
         "quick": quick,
+        "device": device,
         "corpus": corpus or "Python standard library (embedded default)",
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -100,6 +100,19 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
+def training_device(name: str) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... checked, with one clear error for what is not here."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise QkovError(f"--device {name!r}: not a device name (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise QkovError(f"--device {name}: no CUDA device is available here")
+    if device.type not in ("cpu", "cuda"):
+        raise QkovError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
 class StopRequest:
     """Turns Ctrl-C into a request that the loop honours between steps, after a checkpoint, so an
     interrupted run is always resumable from the step it reached."""
@@ -131,8 +144,10 @@ class Trainer:
         data: TokenSplits,
         out: str | os.PathLike,
         tokenizer: Tokenizer | None = None,
+        device: str = "cpu",
     ) -> None:
         self.model_cfg, self.cfg, self.data, self.out = model_cfg, train_cfg, data, Path(out)
+        self.device = training_device(device)
         self.tokenizer = tokenizer
         if len(data.train) < model_cfg.n_ctx + 1:
             raise QkovError(
@@ -141,6 +156,7 @@ class Trainer:
             )
         self.model = AttnOnlyTransformer(model_cfg)
         init_weights(self.model, torch.Generator().manual_seed(train_cfg.seed))
+        self.model.to(self.device)
         embeddings = {"W_E", "W_pos"}
         params = dict(self.model.named_parameters())
         groups = [
@@ -151,26 +167,30 @@ class Trainer:
             groups, lr=train_cfg.lr, betas=(0.9, 0.95), weight_decay=train_cfg.weight_decay
         )
         self.step = 0
-        self.autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=train_cfg.precision == "bf16")
+        self.autocast = torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=train_cfg.precision == "bf16"
+        )
         eval_gen = torch.Generator().manual_seed(train_cfg.seed + 7919)
         eval_length = min(model_cfg.n_ctx + 1, len(data.eval))
         n_eval = max(1, train_cfg.eval_tokens // eval_length)
-        self.eval_windows = sample_windows(data.eval, n_eval, eval_length, eval_gen)
+        self.eval_windows = sample_windows(data.eval, n_eval, eval_length, eval_gen).to(self.device)
         self.repeat_period = model_cfg.n_ctx // 2
         self.repeat_tokens = (
-            repeated_random_tokens(REPEAT_SEQUENCES, self.repeat_period, 2, model_cfg.d_vocab, eval_gen)
+            repeated_random_tokens(REPEAT_SEQUENCES, self.repeat_period, 2, model_cfg.d_vocab, eval_gen).to(
+                self.device
+            )
             if model_cfg.n_layers >= 2 and self.repeat_period >= 2
             else None
         )
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        tensors = {f"model.{n}": p.detach().contiguous() for n, p in self.model.named_parameters()}
+        tensors = {f"model.{n}": p.detach().contiguous().cpu() for n, p in self.model.named_parameters()}
         names = {id(p): n for n, p in self.model.named_parameters()}
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 for key, value in self.optimizer.state.get(p, {}).items():
-                    tensors[f"optim.{names[id(p)]}.{key}"] = torch.as_tensor(value).contiguous()
+                    tensors[f"optim.{names[id(p)]}.{key}"] = torch.as_tensor(value).contiguous().cpu()
         return tensors
 
     def save_checkpoint(self) -> None:
@@ -204,7 +224,10 @@ class Trainer:
         for name, tensor in tensors.items():
             if name.startswith("optim."):
                 pname, key = name[len("optim.") :].rsplit(".", 1)
-                self.optimizer.state[params[pname]][key] = tensor.clone()
+                param = params[pname]  # AdamW keeps its step counter on the CPU, the moments by the weights
+                self.optimizer.state[param][key] = (
+                    tensor.clone() if key == "step" else tensor.to(param.device)
+                )
         self.step = int(meta["step"])
         self.truncate_metrics()
 
@@ -271,7 +294,7 @@ class Trainer:
                 started = time.perf_counter()
                 windows = sample_windows(
                     self.data.train, cfg.batch_size, seq, step_generator(cfg.seed, self.step)
-                )
+                ).to(self.device)
                 for group in self.optimizer.param_groups:
                     group["lr"] = cfg.lr_at(self.step) * group["lr_mult"]
                 with self.autocast:
