@@ -35,8 +35,9 @@ def word_level_transformer_lens(model: qkov.AttnOnlyTransformer):
 
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(model.cfg.d_vocab)}, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # no BOS token: TransformerLens would otherwise reload the tokenizer by name from the Hub
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=words, unk_token="t0", bos_token="t0", eos_token="t0", pad_token="t0"
+        tokenizer_object=words, unk_token="t0", eos_token="t0", pad_token="t0"
     )
     hooked = qkov.interop.to_hooked_transformer(model)
     hooked.set_tokenizer(tokenizer)

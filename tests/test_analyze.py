@@ -165,11 +165,16 @@ def test_a_perfect_bigram_table_has_zero_kl_and_full_correlation():
     assert [t for t, _ in top["corpus"]] == [t for t, _ in top["model"]]
 
 
-def test_phase_change_is_the_steepest_rise():
-    log = [{"tokens": t, "induction_score": s} for t, s in [(0, 0.0), (10, 0.02), (20, 0.3), (30, 0.35)]]
-    change = phase_change(log)
-    assert change["tokens"] == 15 and change["induction_after"] == 0.3
+def test_phase_change_is_where_the_induction_score_rises():
+    scores = [(0, 0.0), (10, 0.02), (20, 0.05), (30, 0.3), (40, 0.38), (50, 0.4)]
+    change = phase_change([{"tokens": t, "induction_score": s} for t, s in scores])
+    assert change["onset_tokens"] == 20 and change["complete_tokens"] == 40  # 10% = 0.04, 90% = 0.36
+    assert change["width_fraction"] == pytest.approx(20 / 50)
+    assert change["steepest_tokens"] == 25 and change["final_induction"] == 0.4
     assert phase_change([]) is None
+    assert (
+        phase_change([{"tokens": 1, "induction_score": 0.3}, {"tokens": 2, "induction_score": 0.1}]) is None
+    )
 
 
 # -- the command ---------------------------------------------------------------------------------

@@ -24,9 +24,9 @@ from qkov.circuits.ablation import ablation_effects, repeat_behaviour
 from qkov.circuits.bigrams import BigramCounts, compare_bigrams
 from qkov.circuits.composition import (
     KINDS,
+    all_raw_composition_scores,
     composition_baseline,
     k_composition_positivity,
-    raw_composition_scores,
 )
 from qkov.circuits.heads import copying_analysis, duplicate_token_scores, previous_token_scores
 from qkov.circuits.paths import term_importance
@@ -165,20 +165,33 @@ def analyze(
 
 
 def phase_change(training_log: list[dict]) -> dict | None:
-    """Where the induction phase change happened in training: the eval interval with the
-    steepest rise of the best induction score (None without such a log, or without a rise)."""
+    """When the induction heads formed during training, from the best induction score at each
+    eval: ``onset_tokens`` where it first passed 10% of its final value, ``complete_tokens`` where
+    it first passed 90%, their distance as a fraction of the whole run (``width_fraction``: the
+    paper's phase change is abrupt, a small fraction), and the interval of the steepest rise. None
+    without such a log or without a rise."""
     rows = [row for row in training_log if row.get("induction_score") is not None]
-    rises = [
-        (b["induction_score"] - a["induction_score"], a, b) for a, b in zip(rows, rows[1:], strict=False)
-    ]
-    if not rises or max(rises, key=lambda r: r[0])[0] <= 0:
+    if len(rows) < 2:
         return None
-    rise, before, after = max(rises, key=lambda r: r[0])
+    start, final = rows[0]["induction_score"], rows[-1]["induction_score"]
+    if final <= start:
+        return None
+
+    def first_past(fraction: float) -> float:
+        level = start + fraction * (final - start)
+        return next(row["tokens"] for row in rows if row["induction_score"] >= level)
+
+    steepest = max(
+        zip(rows, rows[1:], strict=False), key=lambda p: p[1]["induction_score"] - p[0]["induction_score"]
+    )
+    onset, complete = first_past(0.1), first_past(0.9)
     return {
-        "tokens": (before["tokens"] + after["tokens"]) / 2,
-        "induction_before": before["induction_score"],
-        "induction_after": after["induction_score"],
-        "final_induction": rows[-1]["induction_score"],
+        "onset_tokens": onset,
+        "complete_tokens": complete,
+        "width_fraction": (complete - onset) / rows[-1]["tokens"],
+        "steepest_tokens": (steepest[0]["tokens"] + steepest[1]["tokens"]) / 2,
+        "initial_induction": start,
+        "final_induction": final,
     }
 
 
@@ -277,8 +290,7 @@ def _skip_trigrams(model: AttnOnlyTransformer, corpus_tokens, strings: list[str]
 def _composition(model: AttnOnlyTransformer) -> dict:
     baseline = composition_baseline(model.cfg.d_model, model.cfg.d_head)
     out = {}
-    for kind in KINDS:
-        raw = raw_composition_scores(model, kind)
+    for kind, raw in all_raw_composition_scores(model, KINDS).items():
         out[kind] = [
             {
                 "from": head_name(l1, h1),

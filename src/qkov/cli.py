@@ -255,6 +255,8 @@ def reproduce_command(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:
         console.print("interrupted; the checkpoint is saved. Rerun the same command to resume.")
         sys.exit(130)
+    for model_results in results["models"].values():
+        print("\n".join(summary_lines(model_results)))
     print(summary_table(results["claims"]))
     minutes = results["timings"]["total_s"] / 60
     print(f"total {minutes:.1f} min; wrote {out / 'results.json'} and {out / 'report.html'}")

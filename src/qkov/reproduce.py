@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from qkov.analyze import analyze, phase_change, read_training_log
+from qkov.analyze import analyze, read_training_log
 from qkov.config import Config
 from qkov.data.corpus import read_corpus
 from qkov.data.tokens import cached_tokenizer, cached_tokens
@@ -145,6 +145,7 @@ def evaluate_claims(models: dict[str, dict]) -> list[dict]:
         t for table in one["skip_trigrams"].values() for t in table
         if any(_is_python(t[f"{part}_str"]) for part in ("source", "destination", "out"))
     ]  # fmt: skip
+    python.sort(key=lambda t: (t["out"] == t["source"], -t["strength"]))  # non-copying examples first
     examples = "; ".join(
         f"{t['source_str']!r} … {t['destination_str']!r} → {t['out_str']!r}" for t in python[:4]
     )
@@ -197,15 +198,16 @@ def evaluate_claims(models: dict[str, dict]) -> list[dict]:
         repeats[1] < repeats[0] - 1.0,
     ))  # fmt: skip
 
-    change = two.get("phase_change") or phase_change(two.get("training", []))
+    change = two.get("phase_change")
     claims.append(_claim(
         "Induction heads form in a phase change during training",
-        "The in-context learning ability appears abruptly (the induction bump), not gradually.",
-        (f"the best induction score rose from {change['induction_before']:.2f} to {change['induction_after']:.2f} "
-         f"around {change['tokens'] / 1e6:.1f}M tokens (final {change['final_induction']:.2f})"
+        "The in-context learning ability appears abruptly (the induction bump), in a small fraction of training.",
+        (f"the best induction score went from {change['initial_induction']:.2f} to {change['final_induction']:.2f}; "
+         f"it passed 10% of that rise at {change['onset_tokens'] / 1e6:.1f}M tokens and 90% at "
+         f"{change['complete_tokens'] / 1e6:.1f}M: {change['width_fraction']:.0%} of the run"
          if change else "no rise in the induction score during training")
-        + " (holds: one eval interval holds at least a quarter of the final score's rise)",
-        bool(change) and (change["induction_after"] - change["induction_before"]) >= 0.25 * change["final_induction"],
+        + " (holds: the 10%-90% rise takes at most a quarter of the run)",
+        bool(change) and change["width_fraction"] <= 0.25,
     ))  # fmt: skip
 
     comp = two["composition"]

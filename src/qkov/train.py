@@ -155,6 +155,7 @@ class Trainer:
                 f"{model_cfg.n_ctx + 1}; use a larger corpus or a smaller --n-ctx"
             )
         self.model = AttnOnlyTransformer(model_cfg)
+        self.model.tokenizer = tokenizer
         init_weights(self.model, torch.Generator().manual_seed(train_cfg.seed))
         self.model.to(self.device)
         embeddings = {"W_E", "W_pos"}

@@ -11,9 +11,9 @@ values. The paper measures how much with (column vectors, ``W_QK = W_Q^T W_K``, 
 In qkov's row-vector form (``qk = W_Q W_K^T``, ``ov = W_V W_O``) the numerators are
 ``‖ov1 qk2‖``, ``‖ov1 qk2^T‖`` and ``‖ov1 ov2‖`` (each the transpose of the paper's product).
 
-Computed small: with ``W_V1 = Q R_V1`` (thin QR), ``‖W_V1 W_O1 W_Q2 W_K2^T‖ = ‖R_V1 W_O1 W_Q2 R_K2^T‖``,
-a ``d_head x d_head`` matrix per pair, so all pairs of a 144-head model take one batched product
-of ``[d_head, d_model] @ [d_model, d_head]`` per layer pair.
+Computed small: with ``R`` a square root of a factor's Gram matrix (``R^T R = W^T W``, ``d_head x
+d_head``), ``‖W_V1 W_O1 W_Q2 W_K2^T‖ = ‖R_V1 W_O1 W_Q2 R_K2^T‖``, a ``d_head x d_head`` matrix per
+pair, so all pairs of a 144-head model take one matrix product per later layer.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from qkov.circuits.qk_ov import ov_circuit, qk_circuit, stacked_weights
+from qkov.circuits.qk_ov import stacked_weights
 from qkov.errors import QkovError
 from qkov.linalg import FactoredMatrix, copying_score
 from qkov.model import AttnOnlyTransformer
@@ -36,52 +36,75 @@ KINDS = ("Q", "K", "V")
 BASELINE_SAMPLES = 100
 
 
-def _r_factor(X: Float[Tensor, "... d_model d_head"]) -> Float[Tensor, "... d_head d_head"]:
-    """``R`` of the thin QR ``X = Q R``: since ``Q`` has orthonormal columns, ``‖X Z‖_F = ‖R Z‖_F``
-    for any ``Z``."""
-    return torch.linalg.qr(X, mode="r").R
-
-
-def _left_right(model: AttnOnlyTransformer, kind: str) -> tuple[Tensor, Tensor]:
-    """``left [n_layers, n_heads, d_head, d_model]`` and ``right [n_layers, n_heads, d_model,
-    d_head]`` such that the raw numerator for ``h1 -> h2`` is ``‖left[h1] @ right[h2]‖_F``."""
-    W_Q, W_K, W_V, W_O = (stacked_weights(model, name).detach() for name in ("W_Q", "W_K", "W_V", "W_O"))
-    left = _r_factor(W_V) @ W_O  # ‖W_V1 W_O1 Z‖ = ‖R_V1 W_O1 Z‖
-    if kind == "Q":  # ‖ov1 W_Q2 W_K2^T‖ = ‖ov1 W_Q2 R_K2^T‖
-        right = W_Q @ _r_factor(W_K).mT
-    elif kind == "K":  # ‖ov1 W_K2 W_Q2^T‖
-        right = W_K @ _r_factor(W_Q).mT
-    else:  # ‖ov1 W_V2 W_O2‖ = ‖ov1 W_V2 R_O2^T‖ with W_O2^T = Q R_O2
-        right = W_V @ _r_factor(W_O.mT).mT
-    return left, right
+def _gram_root(X: Float[Tensor, "... d_model d_head"]) -> Float[Tensor, "... d_head d_head"]:
+    """A square root ``R`` of the Gram matrix, ``R^T R = X^T X`` (from its eigendecomposition in
+    float64, so rank-deficient ``X`` is fine). Then ``‖X Z‖_F = ‖R Z‖_F`` for any ``Z``, since
+    ``‖X Z‖_F^2 = tr(Z^T X^T X Z)``: a ``d_model x d_head`` factor can be replaced by ``d_head x d_head``.
+    """
+    gram = (X.mT @ X).double()  # the product in X's own precision (float64 for float64 weights)
+    eigenvalues, vectors = torch.linalg.eigh(gram)
+    return (eigenvalues.clamp_min(0).sqrt()[..., :, None] * vectors.mT).to(X.dtype)
 
 
 def raw_composition_scores(
     model: AttnOnlyTransformer, kind: str
 ) -> Float[Tensor, "layer_from head_from layer_to head_to"]:
-    """The paper's composition score without a baseline; NaN where ``layer_from >= layer_to``."""
-    if kind not in KINDS:
-        raise QkovError(f"composition kind must be one of Q, K, V, got {kind!r}")
+    """The paper's composition score of one kind, without a baseline; NaN where
+    ``layer_from >= layer_to``."""
+    return all_raw_composition_scores(model, (kind,))[kind]
+
+
+def all_raw_composition_scores(
+    model: AttnOnlyTransformer, kinds: tuple[str, ...] = KINDS
+) -> dict[str, Float[Tensor, "layer_from head_from layer_to head_to"]]:
+    """Raw scores of several kinds at once, sharing the Gram roots of ``W_Q``, ``W_K``, ``W_V``
+    and ``W_O^T`` (each computed once).
+
+    For ``h1 -> h2`` the numerator is ``‖left[h1] @ right[h2]‖_F`` with ``left = R_V1 W_O1``
+    (``[d_head, d_model]``) and ``right`` = ``W_Q2 R_K2^T`` (Q), ``W_K2 R_Q2^T`` (K) or
+    ``W_V2 R_O2^T`` (V); the denominators are ``‖R_V R_O^T‖`` (the OV norm) and ``‖R_Q R_K^T‖``
+    (the QK norm).
+    """
+    for kind in kinds:
+        if kind not in KINDS:
+            raise QkovError(f"composition kind must be one of Q, K, V, got {kind!r}")
     cfg = model.cfg
+    blocks = [block.attn for block in model.blocks]
+    scores = {}
     with torch.no_grad():
-        left, right = _left_right(model, kind)
-        ov_norm = ov_circuit(model).norm().detach()
-        reader_norm = (ov_circuit(model) if kind == "V" else qk_circuit(model)).norm().detach()
-        scores = torch.full(
-            (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), math.nan, dtype=left.dtype
+        # the weights as [d_model, d_head] factors per layer (views, no stacked copies)
+        W = {name: [getattr(a, f"W_{name}").detach() for a in blocks] for name in "QKV"}
+        W["O"] = [a.W_O.detach().mT for a in blocks]
+        needed = {"V", "O"} | ({"Q", "K"} if {"Q", "K"} & set(kinds) else set())
+        R = {name: torch.stack([_gram_root(w) for w in W[name]]) for name in needed}
+        fro = torch.linalg.matrix_norm
+        ov_norm = fro(R["V"] @ R["O"].mT)
+        left = torch.stack(
+            [rearrange(r @ w.mT, "h e d -> (h e) d") for r, w in zip(R["V"], W["O"], strict=True)]
         )
-        for layer_to in range(1, cfg.n_layers):
-            # every pair (h1 in an earlier layer, h2 in layer_to) in one matrix product: the
-            # d_head x d_head blocks of [(l_from h_from e), d_model] @ [d_model, (h_to f)]
-            products = rearrange(left[:layer_to], "l h e d -> (l h e) d") @ rearrange(
-                right[layer_to], "h d f -> d (h f)"
+        for kind in kinds:
+            reads, partner = {"Q": ("Q", "K"), "K": ("K", "Q"), "V": ("V", "O")}[kind]
+            reader_norm = ov_norm if kind == "V" else fro(R["Q"] @ R["K"].mT)
+            out = torch.full(
+                (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), math.nan, dtype=left.dtype
             )
-            blocks = rearrange(
-                products, "(l h1 e) (h2 f) -> l h1 h2 e f", l=layer_to, h1=cfg.n_heads, h2=cfg.n_heads
-            )
-            numerator = blocks.square().sum((-1, -2)).sqrt()
-            denominator = ov_norm[:layer_to, :, None] * reader_norm[layer_to][None, None, :]
-            scores[:layer_to, :, layer_to] = numerator / denominator
+            for layer_to in range(1, cfg.n_layers):
+                right = rearrange(W[reads][layer_to] @ R[partner][layer_to].mT, "h d f -> d (h f)")
+                # every pair (h1 in an earlier layer, h2 in layer_to) in one matrix product, whose
+                # d_head x d_head blocks are the pairs' products
+                products = left[:layer_to].flatten(0, 1) @ right
+                blocks_ = rearrange(
+                    products.square_(),
+                    "(l h1 e) (h2 f) -> l h1 h2 e f",
+                    l=layer_to,
+                    h1=cfg.n_heads,
+                    h2=cfg.n_heads,
+                )
+                numerator = blocks_.sum((-1, -2)).sqrt()
+                out[:layer_to, :, layer_to] = numerator / (
+                    ov_norm[:layer_to, :, None] * reader_norm[layer_to]
+                )
+            scores[kind] = out
     return scores
 
 
@@ -89,19 +112,21 @@ def raw_composition_scores(
 def composition_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES) -> float:
     """The expected raw composition score of random heads of these shapes: the mean, over
     ``samples`` pairs of circuits ``X1 Y1`` and ``X2 Y2`` with Gaussian ``X [d_model, d_head]`` and
-    ``Y [d_head, d_model]``, of ``‖X1 Y1 X2 Y2‖_F / (‖X1 Y1‖_F ‖X2 Y2‖_F)``, drawn in float64 from a
-    fixed seed (so deterministic). The same for Q, K and V, since a random QK and a random OV
-    circuit have the same distribution. The paper subtracts it; TransformerLens does not.
+    ``Y [d_head, d_model]``, of ``‖X1 Y1 X2 Y2‖_F / (‖X1 Y1‖_F ‖X2 Y2‖_F)``, drawn from a fixed seed
+    (so deterministic; float32 is ample for an average of 100 draws). The same for Q, K and V,
+    since a random QK and a random OV circuit have the same distribution. The paper subtracts it;
+    TransformerLens does not.
     """
     generator = torch.Generator().manual_seed(0)
-    X1, Y1T, X2, Y2T = (
-        torch.randn(samples, d_model, d_head, generator=generator, dtype=torch.float64) for _ in range(4)
-    )
-    R_X1, R_Y1, R_X2, R_Y2 = (_r_factor(M) for M in (X1, Y1T, X2, Y2T))
     fro = torch.linalg.matrix_norm
-    numerator = fro(R_X1 @ Y1T.mT @ X2 @ R_Y2.mT)  # ‖X1 Y1 X2 Y2‖ = ‖R_X1 Y1 X2 R_Y2^T‖
-    scores = numerator / (fro(R_X1 @ R_Y1.mT) * fro(R_X2 @ R_Y2.mT))
-    return float(scores.mean())
+    scores = []
+    for start in range(0, samples, 25):  # in chunks: bounded memory at GPT-2 shapes
+        n = min(25, samples - start)
+        X1, Y1T, X2, Y2T = (torch.randn(n, d_model, d_head, generator=generator) for _ in range(4))
+        R_X1, R_Y1, R_X2, R_Y2 = (_gram_root(M) for M in (X1, Y1T, X2, Y2T))
+        numerator = fro(R_X1 @ Y1T.mT @ X2 @ R_Y2.mT)  # ‖X1 Y1 X2 Y2‖ = ‖R_X1 Y1 X2 R_Y2^T‖
+        scores.append(numerator / (fro(R_X1 @ R_Y1.mT) * fro(R_X2 @ R_Y2.mT)))
+    return float(torch.cat(scores).mean())
 
 
 def composition_scores(

@@ -91,8 +91,14 @@ def _figure(content: str, caption: str, claim: str | None = None) -> str:
     return f"<figure>{content}<figcaption>{esc(caption)}{claim_html}</figcaption></figure>"
 
 
+def shown(text: str) -> str:
+    """A token as it is displayed: newlines and tabs made visible, so whitespace tokens (common in
+    code) do not render as blank boxes."""
+    return text.replace("\n", "↵").replace("\t", "⇥")
+
+
 def _tok(text: str) -> Raw:
-    return Raw(f'<span class="tok">{esc(text)}</span>')
+    return Raw(f'<span class="tok">{esc(shown(text))}</span>')
 
 
 # -- sections --------------------------------------------------------------------------------------
@@ -115,7 +121,8 @@ def training_section(r: dict) -> str:
         "train loss": [(row["tokens"], row.get("train_loss")) for row in log],
         "eval loss": [(row["tokens"], row.get("eval_loss")) for row in log],
     }
-    marks = [(r["phase_change"]["tokens"], "phase change")] if r.get("phase_change") else []
+    change = r.get("phase_change")
+    marks = [(change["onset_tokens"], "10%"), (change["complete_tokens"], "90%")] if change else []
     parts = [
         _figure(
             line_chart(loss, "tokens seen", "loss (nats)", marks, "training loss"), "Training and eval loss."
@@ -134,8 +141,8 @@ def training_section(r: dict) -> str:
             _figure(
                 line_chart(behaviour, "tokens seen", "loss (nats)", marks, "in-context loss during training")
                 + line_chart(scores, "tokens seen", "attention score", marks, "head scores during training"),
-                "Loss on repeated random tokens and the best head scores during training; the dashed line marks "
-                "the steepest rise of the induction score.",
+                "Loss on repeated random tokens and the best head scores during training; the dashed lines mark "
+                "where the best induction score passed 10% and 90% of its rise.",
                 "induction heads form in a sudden phase change, visible as a drop in the loss on repeated tokens.",
             )
         )
@@ -234,7 +241,7 @@ def attention_section(r: dict, strings: list[str]) -> str:
         example = examples.get(key)
         if not example:
             continue
-        data = {"strings": [strings[t] for t in example["tokens"]], "patterns": example["patterns"]}
+        data = {"strings": [shown(strings[t]) for t in example["tokens"]], "patterns": example["patterns"]}
         static = []
         for name, pattern in example["patterns"].items():
             n = len(pattern)

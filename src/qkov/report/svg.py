@@ -30,7 +30,7 @@ def sequential(value: float, limit: float = 1.0) -> str:
     return f"rgb({round(255 - 200 * t)},{round(255 - 170 * t)},{round(255 - 60 * t)})"
 
 
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     if hi <= lo:
         return [lo]
     step = 10 ** math.floor(math.log10((hi - lo) / n))
@@ -43,7 +43,11 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.3g}" if abs(x) < 1e4 else f"{x / 1e6:.3g}M"
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.3g}M"
+    if abs(x) >= 1e3:
+        return f"{x / 1e3:.3g}k"
+    return f"{x:.3g}"
 
 
 class _Axes:
