@@ -93,3 +93,110 @@ def skip_trigram_model(planted: list[tuple[int, int, int]], d_vocab: int = 16) -
         attn.W_V[2] = torch.eye(V)
         attn.W_O[2] = -torch.eye(V)
     return model
+
+
+def pointer_arithmetic_model(d_vocab: int = 32, n_ctx: int = 12) -> qkov.AttnOnlyTransformer:
+    """Induction by Q-composition, with standard positions (the paper's "pointer arithmetic"). L0H0
+    is a duplicate-token head: it attends to the earlier occurrence of the current token (not
+    itself) and writes that occurrence's position plus one into a "pointer" block. L1H0's queries
+    read the pointer and its keys read positions, so it attends to the token after the earlier
+    occurrence, and copies it. L0H1 and L1H1 are small random heads.
+
+    Residual blocks: token ``[0, V)``, position ``[V, V + n_ctx)``, pointer
+    ``[V + n_ctx, V + 2 n_ctx)``.
+    """
+    V, P = d_vocab, n_ctx
+    tok, pos, ptr = 0, V, V + P
+    d_model, d_head = V + 2 * P, V + P
+    cfg = qkov.Config(
+        n_layers=2,
+        n_heads=2,
+        d_model=d_model,
+        d_head=d_head,
+        d_vocab=V,
+        n_ctx=P,
+        positional_embedding="standard",
+    )
+    model = qkov.AttnOnlyTransformer(cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.01)
+        model.W_E.zero_()
+        model.W_E[:, tok:pos] = torch.eye(V)
+        model.W_pos.zero_()
+        model.W_pos[:, pos:ptr] = torch.eye(P)
+        model.W_U.zero_()
+        model.W_U[tok:pos] = torch.eye(V)
+        sharp = 100.0 * d_head**0.5
+        a0, a1 = model.blocks[0].attn, model.blocks[1].attn
+        for W in (a0.W_Q, a0.W_K, a0.W_V, a0.W_O, a1.W_Q, a1.W_K, a1.W_V, a1.W_O):
+            W[0].zero_()
+        for t in range(V):  # duplicate-token head: same token ...
+            a0.W_Q[0, tok + t, t] = sharp
+            a0.W_K[0, tok + t, t] = 1.0
+        for p in range(P):  # ... but not the current position
+            a0.W_Q[0, pos + p, V + p] = -sharp
+            a0.W_K[0, pos + p, V + p] = 1.0
+            a0.W_V[0, pos + p, p] = 1.0  # it reads the occurrence's position
+            if p + 1 < P:
+                a0.W_O[0, p, ptr + p + 1] = 1.0  # and writes "position + 1" as the pointer
+            a1.W_Q[0, ptr + p, p] = sharp  # induction: attend where the pointer points
+            a1.W_K[0, pos + p, p] = 1.0
+        for t in range(V):
+            a1.W_V[0, tok + t, t] = 1.0
+            a1.W_O[0, t, tok + t] = 20.0
+    return model
+
+
+def two_back_model(d_vocab: int = 32, n_ctx: int = 12) -> qkov.AttnOnlyTransformer:
+    """A virtual two-back head by V-composition, with standard positions. L0H0 and L1H0 are both
+    previous-token heads; L0H0 copies the previous token into a "previous" block, L1H0 reads that
+    block through its values and writes it to the logits. Alone neither predicts anything (L1H0's
+    values read only the previous block, which W_U does not read from L0H0 directly); the path
+    through both, ``("L0H0", "L1H0")``, predicts the token two back. L0H1 and L1H1 are small random
+    heads.
+
+    Residual blocks: token ``[0, V)``, position ``[V, V + n_ctx)``, previous token
+    ``[V + n_ctx, 2V + n_ctx)``.
+    """
+    V, P = d_vocab, n_ctx
+    tok, pos, prev = 0, V, V + P
+    d_model, d_head = 2 * V + P, V + 1
+    cfg = qkov.Config(
+        n_layers=2,
+        n_heads=2,
+        d_model=d_model,
+        d_head=d_head,
+        d_vocab=V,
+        n_ctx=P,
+        positional_embedding="standard",
+    )
+    model = qkov.AttnOnlyTransformer(cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.01)
+        model.W_E.zero_()
+        model.W_E[:, tok:pos] = torch.eye(V)
+        model.W_pos.zero_()
+        model.W_pos[:, pos:prev] = torch.eye(P)
+        model.W_U.zero_()
+        model.W_U[tok:pos] = torch.eye(V)
+        sharp = 100.0 * d_head**0.5
+        for layer, attn in enumerate(model.blocks):
+            a = attn.attn
+            for W in (a.W_Q, a.W_K, a.W_V, a.W_O):
+                W[0].zero_()
+            for p in range(P):
+                a.W_Q[0, pos + p, p] = sharp
+                if p + 1 < d_head:
+                    a.W_K[0, pos + p, p + 1] = 1.0
+            for t in range(V):
+                if layer == 0:  # the previous token, into the previous block
+                    a.W_V[0, tok + t, t] = 1.0
+                    a.W_O[0, t, prev + t] = 1.0
+                else:  # the previous position's previous token, into the token block (read by W_U)
+                    a.W_V[0, prev + t, t] = 1.0
+                    a.W_O[0, t, tok + t] = 5.0  # moderate: positions 0 and 1 have no token two back
+    return model

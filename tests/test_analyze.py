@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import qkov
-from handbuilt import induction_model, skip_trigram_model
+from handbuilt import induction_model, pointer_arithmetic_model, skip_trigram_model, two_back_model
 from qkov.analyze import analyze, phase_change
 from qkov.circuits.ablation import run_ablated
 from qkov.circuits.bigrams import BigramCounts, compare_bigrams
@@ -101,6 +101,41 @@ def test_term_importance_puts_induction_in_a_first_order_term(induction_results)
     by_head = t["first_order_by_head"]
     assert by_head[1][0] == pytest.approx(t["marginal"][0], rel=0.05)
     assert abs(by_head[0][0]) < 0.01  # the previous-token head writes where W_U does not read
+
+
+def test_a_pointer_arithmetic_induction_head_composes_through_its_queries():
+    """Standard positions: the induction head finds its target by Q-composition with a
+    duplicate-token head that writes 'earlier position + 1' (no previous-token head at all)."""
+    model = pointer_arithmetic_model()
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.stack([torch.randperm(31, generator=gen)[:5] + 1 for _ in range(8)]).repeat(1, 2)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+    assert float(induction_scores(cache, period=5)[1, 0]) == pytest.approx(1.0, abs=1e-3)
+    predicted = logits[:, 5:-1].argmax(-1)
+    assert torch.equal(predicted, tokens[:, 6:])  # the second repeat is predicted exactly
+    q, k = (qkov.composition_scores(model, kind, subtract_baseline=False) for kind in "QK")
+    assert float(q[0, 0, 1, 0]) == pytest.approx(float(q[~q.isnan()].max()))
+    assert float(q[0, 0, 1, 0]) > 0.2 and float(k[0, 0, 1, 0]) < 0.05
+
+
+def test_a_virtual_two_back_head_lives_in_a_second_order_path():
+    """Two previous-token heads composed through their values predict the token two back; only
+    the virtual head (L0H0, L1H0) carries it, and V-composition sees the pair."""
+    model = two_back_model()
+    gen = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 32, (4, 12), generator=gen)
+    terms = qkov.path_expansion(model, tokens)
+    virtual = terms[("L0H0", "L1H0")]
+    assert torch.equal(virtual[:, 2:].argmax(-1), tokens[:, :-2])
+    assert float(terms[("L1H0",)].abs().max()) < 0.1 * float(virtual.abs().max())
+    v = qkov.composition_scores(model, "V", subtract_baseline=False)
+    assert float(v[0, 0, 1, 0]) == pytest.approx(float(v[~v.isnan()].max()))
+    # "a b c a b c ...": the token after position i is the one at i - 2
+    period_three = torch.stack([torch.randperm(32, generator=gen)[:3] for _ in range(4)]).repeat(1, 4)
+    importance = qkov.term_importance(model, period_three)
+    assert importance.marginal[1] > 1.5  # the second-order term does the predicting
+    assert abs(importance.marginal[0]) < 0.5
 
 
 def test_copying_and_anti_copying_heads():

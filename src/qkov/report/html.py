@@ -294,7 +294,7 @@ def skip_trigram_section(r: dict) -> str:
         bug_rows = [
             [
                 _tok(b["source_str"]),
-                Raw(" ".join(_tok(s) for s in b["first_str"]) + " and " + " ".join(_tok(s) for s in b["second_str"])),
+                Raw(" and ".join(f"{_tok(d)} → {_tok(o)}" for d, o in (b["first_str"], b["second_str"]))),
                 Raw("<br>".join(
                     f"{_tok(c['destination_str'])} → {_tok(c['out_str'])} (strength {c['strength']:.2f})"
                     + ("" if c["in_corpus"] is None else (" seen in corpus" if c["in_corpus"] else " <span class='never'>never in corpus</span>"))
