@@ -130,7 +130,8 @@ def test_k_composition_circuit_is_the_dense_token_term_and_its_positivity():
             assert math.isnan(positivity[l1, h1, l2, h2])
         else:
             fm = qkov.k_composition_circuit(model, f"L{l1}H{h1}", f"L{l2}H{h2}")
-            assert float(positivity[l1, h1, l2, h2]) == pytest.approx(float(qkov.copying_score(fm)), rel=1e-8)
+            expected = float(qkov.copying_score(fm).detach())
+            assert float(positivity[l1, h1, l2, h2]) == pytest.approx(expected, rel=1e-8)
     with pytest.raises(qkov.QkovError, match="earlier layer"):
         qkov.k_composition_circuit(model, "L1H0", "L1H1")
 

@@ -75,6 +75,7 @@ def test_the_report_renders_in_headless_chromium(reports, tmp_path):
     for figure in (
         "Q-composition baseline subtracted", "K-composition raw", "induction corner plot",
         "term importance by order", "ablation effects", "eigenvalues of L0H1", "pattern L1H0",
+        "copying scores against the random baseline",
     ):  # fmt: skip
         assert f'aria-label="{figure}"' in dom.stdout or f"aria-label='{figure}'" in dom.stdout, figure
     ARTIFACTS.mkdir(exist_ok=True)

@@ -145,7 +145,13 @@ def evaluate_claims(models: dict[str, dict]) -> list[dict]:
         t for table in one["skip_trigrams"].values() for t in table
         if any(_is_python(t[f"{part}_str"]) for part in ("source", "destination", "out"))
     ]  # fmt: skip
-    python.sort(key=lambda t: (t["out"] == t["source"], -t["strength"]))  # non-copying examples first
+    python.sort(  # examples: the most Python-like first, then non-copying, then the strongest
+        key=lambda t: (
+            -sum(_is_python(t[f"{p}_str"]) for p in ("source", "destination", "out")),
+            t["out"] == t["source"],
+            -t["strength"],
+        )
+    )
     examples = "; ".join(
         f"{t['source_str']!r} … {t['destination_str']!r} → {t['out_str']!r}" for t in python[:4]
     )

@@ -222,9 +222,26 @@ def copying_section(r: dict) -> str:
             )
             + "</div>"
         )
+    points = [{"x": x, "y": 0.0, "label": f"random: {x:+.3f}", "colour": "#999999"} for x in c["baseline"]]
+    points += [
+        {"x": h["copying_score"], "y": 1.0, "label": f"{h['name']}: {h['copying_score']:+.3f}", "text": h["name"],
+         "colour": "#d62728" if h["copying_score"] > c["threshold"] else "#1f77b4"}
+        for h in r["heads"]
+    ]  # fmt: skip
+    against = scatter(
+        points,
+        "copying score (0: random, 1: heads; red: above the 99th percentile)",
+        "",
+        (-1, 1),
+        (-0.5, 1.5),
+        "copying scores against the random baseline",
+        700,
+        180,
+    )
     return _figure(
-        f"<div class='grid'>{''.join(figures)}</div>",
-        f"Eigenvalues of each head's full OV circuit W_E W_V W_O W_U. {c['copying_heads']} of {len(r['heads'])} heads "
+        against + f"<div class='grid'>{''.join(figures)}</div>",
+        f"Top: each head's copying score (row 1) against the scores of random matrices of the same shapes (row 0). "
+        f"Below: eigenvalues of each head's full OV circuit W_E W_V W_O W_U. {c['copying_heads']} of {len(r['heads'])} heads "
         f"score above {c['threshold']:+.2f}, the 99th percentile of random matrices of the same shapes "
         f"(mean {c['baseline_mean']:+.2f}).",
         "most one-layer heads copy: their OV eigenvalues are mostly positive (10 of 12 heads).",
