@@ -224,9 +224,9 @@ def copying_section(r: dict) -> str:
         )
     points = [{"x": x, "y": 0.0, "label": f"random: {x:+.3f}", "colour": "#999999"} for x in c["baseline"]]
     points += [
-        {"x": h["copying_score"], "y": 1.0, "label": f"{h['name']}: {h['copying_score']:+.3f}", "text": h["name"],
+        {"x": h["copying_score"], "y": 0.8 + 0.2 * (i % 3), "label": f"{h['name']}: {h['copying_score']:+.3f}", "text": h["name"],
          "colour": "#d62728" if h["copying_score"] > c["threshold"] else "#1f77b4"}
-        for h in r["heads"]
+        for i, h in enumerate(r["heads"])  # staggered so that close scores keep readable labels
     ]  # fmt: skip
     against = scatter(
         points,

@@ -129,16 +129,16 @@ def line_chart(
             f'<line x1="{axes.x(x):.1f}" y1="{axes.top}" x2="{axes.x(x):.1f}" y2="{axes.y(axes.y0):.1f}" stroke="#888" stroke-dasharray="4 3"/>'
         )
         parts.append(
-            f'<text x="{axes.x(x) + 3:.1f}" y="{axes.top + 10}" {FONT} fill="#555">{esc(text)}</text>'
+            f'<text x="{axes.x(x) + 3:.1f}" y="{axes.y(axes.y0) - 4:.1f}" {FONT} fill="#555">{esc(text)}</text>'
         )
     for i, (name, values) in enumerate(series.items()):
         colour = COLOURS[i % len(COLOURS)]
         path = " ".join(f"{axes.x(x):.1f},{axes.y(y):.1f}" for x, y in values if y is not None)
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" points="{path}"/>')
         parts.append(
-            f'<text x="{axes.width - 150}" y="{axes.top + 14 + 14 * i}" {FONT} fill="{colour}">{esc(name)}</text>'
+            f'<text x="{axes.width + 4}" y="{axes.top + 14 + 14 * i}" {FONT} fill="{colour}">{esc(name)}</text>'
         )
-    return _svg(axes.width, axes.height, parts, label)
+    return _svg(axes.width + 170, axes.height, parts, label)  # the legend right of the plot
 
 
 def heatmap(
@@ -213,9 +213,12 @@ def scatter(
             f'<circle cx="{axes.x(p["x"]):.1f}" cy="{axes.y(p["y"]):.1f}" r="{radius}" fill="{colour}" fill-opacity="0.75">'
             f"<title>{esc(p.get('label', ''))}</title></circle>"
         )
-        if p.get("text"):
+        if p.get("text"):  # right of the point (left near the right edge), above it (below near the top)
+            right = axes.x(p["x"]) > axes.width - 60
+            x, anchor = axes.x(p["x"]) + (-6 if right else 6), "end" if right else "start"
+            y = axes.y(p["y"]) + (14 if axes.y(p["y"]) < axes.top + 14 else -5)
             parts.append(
-                f'<text x="{axes.x(p["x"]) + 6:.1f}" y="{axes.y(p["y"]) - 5:.1f}" {FONT}>{esc(p["text"])}</text>'
+                f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" {FONT}>{esc(p["text"])}</text>'
             )
     return _svg(axes.width, axes.height, parts, label)
 
