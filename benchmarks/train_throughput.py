@@ -25,27 +25,6 @@ import torch
 import qkov
 
 
-def make_tl(cfg: qkov.Config, source: qkov.AttnOnlyTransformer):
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    tl_cfg = HookedTransformerConfig(
-        n_layers=cfg.n_layers,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        d_head=cfg.d_head,
-        d_vocab=cfg.d_vocab,
-        n_ctx=cfg.n_ctx,
-        attn_only=True,
-        normalization_type=None,
-        positional_embedding_type=cfg.positional_embedding,
-        device="cpu",
-        seed=0,
-    )
-    model = HookedTransformer(tl_cfg)
-    model.load_state_dict(qkov.interop.to_transformer_lens(source), strict=False)
-    return model
-
-
 def model_flops_per_token(cfg: qkov.Config, seq: int) -> float:
     """Forward matmul FLOPs per token: Q, K, V, O projections, scores and mixing, unembedding."""
     hd = cfg.n_heads * cfg.d_head
@@ -94,7 +73,7 @@ def main() -> None:
 
     cfg = qkov.Config(args.layers, args.n_heads, args.d_model, args.d_head, args.vocab_size, args.n_ctx)
     ours = qkov.AttnOnlyTransformer(cfg)
-    theirs = make_tl(cfg, ours)
+    theirs = qkov.interop.to_hooked_transformer(ours, cache_head_results=False)
     windows = torch.randint(0, cfg.d_vocab, (args.batch_size, cfg.n_ctx + 1))
     tokens = windows[:, :-1]
     n_tokens = tokens.numel()

@@ -34,15 +34,18 @@ def random_model(
     return model
 
 
-@pytest.fixture
-def tiny_corpus(tmp_path):
+def write_tiny_corpus(folder, functions: int = 40):
     """A small folder of real-looking Python source."""
-    folder = tmp_path / "corpus"
     folder.mkdir()
     for i in range(12):
         body = "".join(
             f"def function_{i}_{j}(self, value):\n    return self.value_{j} + value * {i}\n\n"
-            for j in range(40)
+            for j in range(functions)
         )
-        (folder / f"module_{i}.py").write_text(f"class Thing{i}:\n" + body)
+        (folder / f"module_{i}.py").write_text(f"import os\n\nclass Thing{i}:\n" + body)
     return folder
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    return write_tiny_corpus(tmp_path / "corpus")

@@ -12,19 +12,11 @@ import torch
 import qkov
 
 
-def induction_model(d_vocab: int = 64, n_ctx: int = 12) -> qkov.AttnOnlyTransformer:
-    """Two layers, standard positions. L0H0 is a previous-token head (queries and keys read the
-    position block) that copies the previous token into a "previous token" block; L1H0 is an
-    induction head whose queries read the current token and whose keys read that block (K-composition),
-    with a small preference for recent positions, and whose OV copies the attended token to the
-    logits. L0H1 and L1H1 are small random heads.
-
-    Residual blocks: token ``[0, V)``, position ``[V, V + n_ctx)``, previous token
-    ``[V + n_ctx, 2V + n_ctx)``, a constant 1 at ``2V + n_ctx``.
-    """
+def blocks_model(d_vocab: int, n_ctx: int, d_model: int, d_head: int) -> qkov.AttnOnlyTransformer:
+    """Two layers of two heads, standard positions, with the token block ``[0, V)`` as ``W_E`` and
+    ``W_U`` (one-hot), the position block ``[V, V + n_ctx)`` as ``W_pos``, head 0 of each layer
+    zeroed (to be written by the caller) and head 1 small and random."""
     V, P = d_vocab, n_ctx
-    tok, pos, prev, const = 0, V, V + P, 2 * V + P
-    d_model, d_head = 2 * V + P + 1, V + 1
     cfg = qkov.Config(
         n_layers=2,
         n_heads=2,
@@ -40,20 +32,45 @@ def induction_model(d_vocab: int = 64, n_ctx: int = 12) -> qkov.AttnOnlyTransfor
         for param in model.parameters():
             param.copy_(torch.randn(param.shape, generator=gen) * 0.01)
         model.W_E.zero_()
-        model.W_E[:, tok:pos] = torch.eye(V)
-        model.W_E[:, const] = 1.0
+        model.W_E[:, :V] = torch.eye(V)
         model.W_pos.zero_()
-        model.W_pos[:, pos:prev] = torch.eye(P)
+        model.W_pos[:, V : V + P] = torch.eye(P)
         model.W_U.zero_()
-        model.W_U[tok:pos] = torch.eye(V)
+        model.W_U[:V] = torch.eye(V)
+        for block in model.blocks:
+            for W in (block.attn.W_Q, block.attn.W_K, block.attn.W_V, block.attn.W_O):
+                W[0].zero_()
+    return model
+
+
+def attend_to_previous(attn, pos: int, n_ctx: int, sharp: float) -> None:
+    """Head 0's queries and keys read the position block so that position ``p`` attends to
+    ``p - 1`` (position 0 to itself)."""
+    for p in range(n_ctx):
+        attn.W_Q[0, pos + p, p] = sharp
+        if p + 1 < attn.W_K.shape[-1]:
+            attn.W_K[0, pos + p, p + 1] = 1.0
+
+
+def induction_model(d_vocab: int = 64, n_ctx: int = 12) -> qkov.AttnOnlyTransformer:
+    """Two layers, standard positions. L0H0 is a previous-token head (queries and keys read the
+    position block) that copies the previous token into a "previous token" block; L1H0 is an
+    induction head whose queries read the current token and whose keys read that block (K-composition),
+    with a small preference for recent positions, and whose OV copies the attended token to the
+    logits. L0H1 and L1H1 are small random heads.
+
+    Residual blocks: token ``[0, V)``, position ``[V, V + n_ctx)``, previous token
+    ``[V + n_ctx, 2V + n_ctx)``, a constant 1 at ``2V + n_ctx``.
+    """
+    V, P = d_vocab, n_ctx
+    tok, pos, prev, const = 0, V, V + P, 2 * V + P
+    d_model, d_head = 2 * V + P + 1, V + 1
+    model = blocks_model(V, P, d_model, d_head)
+    with torch.no_grad():
+        model.W_E[:, const] = 1.0
         sharp = 100.0 * d_head**0.5  # pre-softmax scores of 100 for a match
         a0, a1 = model.blocks[0].attn, model.blocks[1].attn
-        for W in (a0.W_Q, a0.W_K, a0.W_V, a0.W_O, a1.W_Q, a1.W_K, a1.W_V, a1.W_O):
-            W[0].zero_()
-        for p in range(P):  # previous-token head: position dest attends to position dest - 1
-            a0.W_Q[0, pos + p, p] = sharp
-            if p + 1 < d_head:
-                a0.W_K[0, pos + p, p + 1] = 1.0
+        attend_to_previous(a0, pos, P, sharp)
         for t in range(V):
             a0.W_V[0, tok + t, t] = 1.0
             a0.W_O[0, t, prev + t] = 1.0
@@ -108,30 +125,10 @@ def pointer_arithmetic_model(d_vocab: int = 32, n_ctx: int = 12) -> qkov.AttnOnl
     V, P = d_vocab, n_ctx
     tok, pos, ptr = 0, V, V + P
     d_model, d_head = V + 2 * P, V + P
-    cfg = qkov.Config(
-        n_layers=2,
-        n_heads=2,
-        d_model=d_model,
-        d_head=d_head,
-        d_vocab=V,
-        n_ctx=P,
-        positional_embedding="standard",
-    )
-    model = qkov.AttnOnlyTransformer(cfg)
-    gen = torch.Generator().manual_seed(0)
+    model = blocks_model(V, P, d_model, d_head)
     with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=gen) * 0.01)
-        model.W_E.zero_()
-        model.W_E[:, tok:pos] = torch.eye(V)
-        model.W_pos.zero_()
-        model.W_pos[:, pos:ptr] = torch.eye(P)
-        model.W_U.zero_()
-        model.W_U[tok:pos] = torch.eye(V)
         sharp = 100.0 * d_head**0.5
         a0, a1 = model.blocks[0].attn, model.blocks[1].attn
-        for W in (a0.W_Q, a0.W_K, a0.W_V, a0.W_O, a1.W_Q, a1.W_K, a1.W_V, a1.W_O):
-            W[0].zero_()
         for t in range(V):  # duplicate-token head: same token ...
             a0.W_Q[0, tok + t, t] = sharp
             a0.W_K[0, tok + t, t] = 1.0
@@ -163,35 +160,12 @@ def two_back_model(d_vocab: int = 32, n_ctx: int = 12) -> qkov.AttnOnlyTransform
     V, P = d_vocab, n_ctx
     tok, pos, prev = 0, V, V + P
     d_model, d_head = 2 * V + P, V + 1
-    cfg = qkov.Config(
-        n_layers=2,
-        n_heads=2,
-        d_model=d_model,
-        d_head=d_head,
-        d_vocab=V,
-        n_ctx=P,
-        positional_embedding="standard",
-    )
-    model = qkov.AttnOnlyTransformer(cfg)
-    gen = torch.Generator().manual_seed(0)
+    model = blocks_model(V, P, d_model, d_head)
     with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=gen) * 0.01)
-        model.W_E.zero_()
-        model.W_E[:, tok:pos] = torch.eye(V)
-        model.W_pos.zero_()
-        model.W_pos[:, pos:prev] = torch.eye(P)
-        model.W_U.zero_()
-        model.W_U[tok:pos] = torch.eye(V)
         sharp = 100.0 * d_head**0.5
-        for layer, attn in enumerate(model.blocks):
-            a = attn.attn
-            for W in (a.W_Q, a.W_K, a.W_V, a.W_O):
-                W[0].zero_()
-            for p in range(P):
-                a.W_Q[0, pos + p, p] = sharp
-                if p + 1 < d_head:
-                    a.W_K[0, pos + p, p + 1] = 1.0
+        for layer, block in enumerate(model.blocks):
+            a = block.attn
+            attend_to_previous(a, pos, P, sharp)
             for t in range(V):
                 if layer == 0:  # the previous token, into the previous block
                     a.W_V[0, tok + t, t] = 1.0

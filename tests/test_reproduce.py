@@ -11,18 +11,13 @@ import pytest
 from qkov.cli import main
 from qkov.reproduce import evaluate_claims
 
+from conftest import write_tiny_corpus
+
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("reproduce")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(12):
-        body = "".join(
-            f"def function_{i}_{j}(self, value):\n    return self.value_{j} + value * {i}\n\n"
-            for j in range(60)
-        )
-        (corpus / f"module_{i}.py").write_text(f"import os\n\nclass Thing{i}:\n" + body)
+    corpus = write_tiny_corpus(root / "corpus", functions=60)
     out = root / "out"
     main(["reproduce", "--quick", "--out", str(out), "--corpus", str(corpus), "--quiet"])
     return out, corpus

@@ -23,6 +23,10 @@ from qkov.recipes import recipe
 console = Console(stderr=True)
 
 
+def add_corpus_argument(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--corpus", action="append", metavar="PATH", help=help)
+
+
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
@@ -41,12 +45,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-ctx", type=int)
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--positional-embedding", choices=POSITIONAL_EMBEDDINGS, default="shortformer")
-    p.add_argument(
-        "--corpus",
-        action="append",
-        metavar="PATH",
-        help="text files, folders or globs (repeatable); default: the Python standard library",
-    )
+    add_corpus_argument(p, "text files, folders or globs (repeatable); default: the Python standard library")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--embed-lr-mult", type=float, help="learning-rate multiplier for W_E and W_pos")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 autocasts matmuls to bfloat16")
@@ -171,11 +170,9 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("checkpoint", help="checkpoint folder (config.json, model.safetensors, [tokenizer.json])")
     p.add_argument("--out", help="output folder (default: CHECKPOINT/analysis)")
-    p.add_argument(
-        "--corpus",
-        action="append",
-        metavar="PATH",
-        help="text files, folders or globs (repeatable), or 'stdlib' for the embedded default corpus: "
+    add_corpus_argument(
+        p,
+        "text files, folders or globs (repeatable), or 'stdlib' for the embedded default corpus: "
         "adds the bigram comparison and checks skip-trigram bugs against the text",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random token batches")
@@ -230,12 +227,7 @@ def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
         "DIR/report.html.",
     )
     p.add_argument("--out", default="runs/reproduce", help="output folder (default: runs/reproduce)")
-    p.add_argument(
-        "--corpus",
-        action="append",
-        metavar="PATH",
-        help="text files, folders or globs (repeatable); default: the Python standard library",
-    )
+    add_corpus_argument(p, "text files, folders or globs (repeatable); default: the Python standard library")
     p.add_argument("--quick", action="store_true", help="tiny models, few steps: exercises every code path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")

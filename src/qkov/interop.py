@@ -34,11 +34,12 @@ def to_transformer_lens(model: AttnOnlyTransformer) -> dict[str, torch.Tensor]:
     return state
 
 
-def to_hooked_transformer(model: AttnOnlyTransformer):
+def to_hooked_transformer(model: AttnOnlyTransformer, cache_head_results: bool = True):
     """The same model as a TransformerLens ``HookedTransformer`` (TransformerLens must be
-    installed: ``pip install transformer-lens``), in the model's dtype, with the per-head results
-    cached (``use_attn_result``). TransformerLens has no ``"none"`` scheme: it gets standard
-    positions with ``W_pos = 0``, the same model."""
+    installed: ``pip install transformer-lens``), in the model's dtype; ``cache_head_results``
+    sets its ``use_attn_result`` (per-head writes in the cache, at some cost in speed).
+    TransformerLens has no ``"none"`` scheme: it gets standard positions with ``W_pos = 0``, the
+    same model."""
     try:
         import transformer_lens as tl
     except ImportError:
@@ -55,7 +56,7 @@ def to_hooked_transformer(model: AttnOnlyTransformer):
         normalization_type=None,
         device="cpu",
         dtype=model.W_E.dtype,
-        use_attn_result=True,
+        use_attn_result=cache_head_results,
         positional_embedding_type="standard"
         if cfg.positional_embedding == "none"
         else cfg.positional_embedding,
