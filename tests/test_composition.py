@@ -137,8 +137,8 @@ def test_k_composition_circuit_is_the_dense_token_term_and_its_positivity():
 
 
 def test_composition_scores_are_factored_quantities():
-    """The QR shortcut equals the FactoredMatrix norm of the chained product."""
-    model = model_3x4()
+    """The Gram-root shortcut equals the FactoredMatrix norm of the chained product."""
+    model = model_3x4().requires_grad_(False)
     ov = qkov.ov_circuit(model)
     qk = qkov.qk_circuit(model)
     chained: FactoredMatrix = ov[0, 2] @ qk[1, 3].T
