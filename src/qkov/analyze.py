@@ -119,10 +119,12 @@ def analyze(
                 for layer in range(cfg.n_layers)
                 for head in range(cfg.n_heads)
             ]
+        allowed = None  # with a corpus, skip-trigrams use only tokens seen often enough to be trained
         if corpus_tokens is not None:
             with steps.step("bigram statistics"):
-                comparison = compare_bigrams(model, BigramCounts.of(corpus_tokens[0], cfg.d_vocab))
-                results["bigram"] = comparison.__dict__
+                counts = BigramCounts.of(corpus_tokens[0], cfg.d_vocab)
+                results["bigram"] = compare_bigrams(model, counts).__dict__
+                allowed = torch.from_numpy(counts.unigram >= MIN_TOKEN_COUNT)
         if cfg.n_layers >= 1:
             with steps.step("copying (OV eigenvalues)"):
                 results["copying"] = _copying(model, results["heads"])
@@ -152,7 +154,7 @@ def analyze(
         if cfg.n_layers == 1:
             with steps.step("skip-trigrams"):
                 results["skip_trigrams"], results["skip_trigram_bugs"] = _skip_trigrams(
-                    model, corpus_tokens, strings
+                    model, corpus_tokens, strings, allowed
                 )
         if cfg.n_layers >= 2:
             with steps.step("composition scores"):
@@ -249,12 +251,9 @@ def _position_content(model: AttnOnlyTransformer) -> dict:
     }
 
 
-def _skip_trigrams(model: AttnOnlyTransformer, corpus_tokens, strings: list[str]) -> tuple[dict, dict]:
-    allowed = None
-    if corpus_tokens is not None:
-        allowed = torch.from_numpy(
-            np.bincount(corpus_tokens[0], minlength=model.cfg.d_vocab) >= MIN_TOKEN_COUNT
-        )
+def _skip_trigrams(
+    model: AttnOnlyTransformer, corpus_tokens, strings: list[str], allowed: torch.Tensor | None
+) -> tuple[dict, dict]:
     tables, bugs = {}, {}
     for head in range(model.cfg.n_heads):
         circuits = head_circuits(model, 0, head, allowed)
