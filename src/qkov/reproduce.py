@@ -9,7 +9,6 @@ measurement by the rule written next to it here, never by hand.
 
 from __future__ import annotations
 
-import json
 import keyword
 import time
 from dataclasses import replace
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from qkov.analyze import analyze, read_training_log
+from qkov.analyze import analyze, read_training_log, write_results
 from qkov.config import Config
 from qkov.data.corpus import read_corpus
 from qkov.data.tokens import cached_tokenizer, cached_tokens
@@ -92,7 +91,7 @@ def reproduce(
         "corpus": corpus or "Python standard library (embedded default)",
     }
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps(results, indent=1, allow_nan=False) + "\n")
+    write_results(results, out)
     title = "qkov: A Mathematical Framework for Transformer Circuits, reproduced" + (
         " (--quick)" if quick else ""
     )
