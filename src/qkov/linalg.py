@@ -346,7 +346,11 @@ def copying_score(fm: FactoredMatrix) -> Float[Tensor, "..."]:
     """``Re(sum l) / sum |l|`` over the eigenvalues ``l`` of each square matrix (section
     "Detecting Copying Behavior"): near 1 when a head's OV circuit makes tokens raise their own
     logits, near -1 when it lowers them. Defined as 0 for a zero matrix."""
-    eigenvalues = fm.eigenvalues()
+    return eigenvalue_positivity(fm.eigenvalues())
+
+
+def eigenvalue_positivity(eigenvalues: Complex[Tensor, "... k"]) -> Float[Tensor, "..."]:
+    """``Re(sum l) / sum |l|`` of eigenvalues already computed (0 when they are all zero)."""
     total = eigenvalues.abs().sum(-1)
     score = eigenvalues.real.sum(-1) / torch.where(total > 0, total, 1.0)
     return torch.where(total > 0, score, 0.0)

@@ -40,15 +40,21 @@ def repeat_behaviour(
 
 @torch.no_grad()
 def run_ablated(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], layer: int, head: int, mode: str
+    model: AttnOnlyTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    layer: int,
+    head: int,
+    mode: str,
+    clean_cache: dict | None = None,
 ) -> tuple[Tensor, dict]:
     """Logits and cache with head ``(layer, head)``'s write replaced: by zero (``"zero"``) or by
-    its mean over the batch and positions of this input (``"mean"``)."""
+    its mean over the batch and positions of this input (``"mean"``, taken from ``clean_cache``,
+    the unablated run on ``tokens``, which is computed when not given)."""
     if mode not in MODES:
         raise QkovError(f"ablation mode must be 'zero' or 'mean', got {mode!r}")
     mean = None
     if mode == "mean":
-        _, clean = model.run_with_cache(tokens)
+        clean = clean_cache if clean_cache is not None else model.run_with_cache(tokens)[1]
         mean = clean[f"blocks.{layer}.attn.hook_result"][:, :, head].mean((0, 1))
 
     def edit(at_layer: int, writes: Tensor) -> Tensor:
@@ -72,7 +78,8 @@ def ablation_effects(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"
     for layer in range(model.cfg.n_layers - 1):
         for head in range(model.cfg.n_heads):
             for mode in MODES:
-                ablated = repeat_behaviour(*run_ablated(model, tokens, layer, head, mode), tokens, period)
+                run = run_ablated(model, tokens, layer, head, mode, clean_cache=cache)
+                ablated = repeat_behaviour(*run, tokens, period)
                 effects.append(
                     {
                         "head": head_name(layer, head),

@@ -18,7 +18,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from qkov.circuits.qk_ov import full_ov_circuit
-from qkov.linalg import copying_score, random_copying_scores
+from qkov.linalg import eigenvalue_positivity, random_copying_scores
 from qkov.model import ActivationCache, AttnOnlyTransformer
 
 
@@ -91,9 +91,10 @@ def copying_analysis(model: AttnOnlyTransformer, baseline_samples: int = 200) ->
     row_square = ((full.A @ (full.B @ full.B.mT)) * full.A).sum(-1, keepdim=True) / n
     row_std = (row_square - row_mean.square()).clamp_min(1e-300).sqrt()
     diagonal_z = ((full.diagonal()[..., None] - row_mean) / row_std).mean((-1, -2))
+    eigenvalues = full.eigenvalues()
     return CopyingAnalysis(
-        scores=copying_score(full),
-        eigenvalues=full.eigenvalues(),
+        scores=eigenvalue_positivity(eigenvalues),
+        eigenvalues=eigenvalues,
         baseline=baseline,
         threshold=float(baseline.quantile(0.99)),
         self_top1=self_top1,
