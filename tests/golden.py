@@ -9,6 +9,8 @@ import numpy as np
 import torch
 
 import qkov
+from qkov.circuits.phase_change import TrainingPoint
+
 from conftest import random_model
 from handbuilt import induction_model, skip_trigram_model
 
@@ -18,16 +20,19 @@ def corpus_tokens(d_vocab: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(0, d_vocab, 6000), rng.integers(0, d_vocab, 1500)
 
 
-def training_log() -> list[dict]:
+def training_log() -> list[TrainingPoint]:
     scores = [0.0, 0.01, 0.03, 0.2, 0.35, 0.4]
-    return [
-        {"step": 10 * (i + 1), "tokens": 1000 * (i + 1), "train_loss": 5.0 - i / 2, "eval_loss": 5.1 - i / 2,
-         "induction_score": s, "previous_token_score": 0.5, "repeat_loss_first": 4.0, "repeat_loss_second": 3.0}
+    losses = {"previous_token_score": 0.5, "repeat_loss_first": 4.0, "repeat_loss_second": 3.0}
+    rows = [
+        {"step": 10 * (i + 1), "tokens": 1000 * (i + 1), "train_loss": 5.0 - i / 2, "eval_loss": 5.1 - i / 2}
+        | {"induction_score": s}
+        | losses
         for i, s in enumerate(scores)
-    ]  # fmt: skip
+    ]
+    return [TrainingPoint(**row) for row in rows]
 
 
-def cases() -> dict[str, tuple[qkov.AttnOnlyTransformer, tuple | None, list[dict]]]:
+def cases() -> dict[str, tuple[qkov.AttnOnlyTransformer, tuple | None, list[TrainingPoint]]]:
     """``name -> (model, corpus tokens or None, training log)``."""
     torch.manual_seed(0)
     zero = random_model(qkov.Config(n_layers=0, n_heads=1, d_model=16, d_head=4, d_vocab=24, n_ctx=16))

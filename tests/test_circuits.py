@@ -15,6 +15,7 @@ import qkov
 from qkov.names import head_name
 
 from conftest import random_model
+from handbuilt import two_back_model
 from reference import reference_forward
 
 
@@ -241,3 +242,22 @@ def test_term_importance_needs_two_tokens():
     model = float64_model(1)
     with pytest.raises(qkov.QkovError, match="at least 2 tokens"):
         qkov.term_importance(model, torch.zeros(2, 1, dtype=torch.long))
+
+
+def test_a_virtual_two_back_head_lives_in_a_second_order_path():
+    """Two previous-token heads composed through their values predict the token two back; only
+    the virtual head (L0H0, L1H0) carries it, and V-composition sees the pair."""
+    model = two_back_model()
+    gen = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 32, (4, 12), generator=gen)
+    terms = qkov.path_expansion(model, tokens)
+    virtual = terms[("L0H0", "L1H0")]
+    assert torch.equal(virtual[:, 2:].argmax(-1), tokens[:, :-2])
+    assert float(terms[("L1H0",)].abs().max()) < 0.1 * float(virtual.abs().max())
+    v = qkov.composition_scores(model, "V", subtract_baseline=False)
+    assert float(v[0, 0, 1, 0]) == pytest.approx(float(v[~v.isnan()].max()))
+    # "a b c a b c ...": the token after position i is the one at i - 2
+    period_three = torch.stack([torch.randperm(32, generator=gen)[:3] for _ in range(4)]).repeat(1, 4)
+    importance = qkov.term_importance(model, period_three)
+    assert importance.marginal[1] > 1.5  # the second-order term does the predicting
+    assert abs(importance.marginal[0]) < 0.5

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import qkov
+from qkov.circuits.heads import induction_scores
 from qkov.linalg import FactoredMatrix
 
 from conftest import random_model
+from handbuilt import pointer_arithmetic_model
 
 
 def model_3x4(seed=0, **kw):
@@ -145,3 +147,19 @@ def test_composition_scores_are_factored_quantities():
     expected = chained.norm() / (ov[0, 2].norm() * qk[1, 3].norm())
     got = qkov.composition_scores(model, "K", subtract_baseline=False)[0, 2, 1, 3]
     assert float(got) == pytest.approx(float(expected), rel=1e-10)
+
+
+def test_a_pointer_arithmetic_induction_head_composes_through_its_queries():
+    """Standard positions: the induction head finds its target by Q-composition with a
+    duplicate-token head that writes 'earlier position + 1' (no previous-token head at all)."""
+    model = pointer_arithmetic_model()
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.stack([torch.randperm(31, generator=gen)[:5] + 1 for _ in range(8)]).repeat(1, 2)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+    assert float(induction_scores(cache, period=5)[1, 0]) == pytest.approx(1.0, abs=1e-3)
+    predicted = logits[:, 5:-1].argmax(-1)
+    assert torch.equal(predicted, tokens[:, 6:])  # the second repeat is predicted exactly
+    q, k = (qkov.composition_scores(model, kind, subtract_baseline=False) for kind in "QK")
+    assert float(q[0, 0, 1, 0]) == pytest.approx(float(q[~q.isnan()].max()))
+    assert float(q[0, 0, 1, 0]) > 0.2 and float(k[0, 0, 1, 0]) < 0.05

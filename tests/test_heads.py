@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from qkov.circuits.heads import induction_scores, previous_token_scores
+from qkov.circuits.heads import copying_analysis, induction_scores, previous_token_scores
+
+from handbuilt import induction_model, skip_trigram_model
 
 
 def shifted(n: int, offset: int) -> torch.Tensor:
@@ -36,3 +39,22 @@ def test_an_induction_head_scores_one_on_its_period():
     scores = induction_scores(cache, period)
     assert scores.shape == (2, 2)
     assert scores[1, 0] == 1.0 and scores[0, 0] == 0.0 and scores[1, 1] == 0.0
+
+
+def test_a_perfect_induction_head_scores_one():
+    """On a sequence with no token repeated within a period, the planted head attends exactly
+    one period back, plus one: score 1.0 (TransformerLens' detect_head caps near 0.5 here)."""
+    model = induction_model()
+    tokens = torch.randperm(63)[:4].add(1).repeat(3)[None]  # 4 distinct tokens, three times
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    assert float(induction_scores(cache, period=4)[1, 0]) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_copying_and_anti_copying_heads():
+    model = skip_trigram_model([(5, 3, 9)])
+    copying = copying_analysis(model)
+    assert copying.scores[0].tolist() == pytest.approx([0.0, 1.0, -1.0], abs=1e-9)
+    assert copying.self_top1[0, 1] == 1.0 and copying.self_top1[0, 2] == 0.0
+    assert copying.diagonal_z[0, 1] > 3 and copying.diagonal_z[0, 2] < -3
+    assert copying.copying_heads == 1

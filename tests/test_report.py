@@ -11,28 +11,35 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 
-from handbuilt import induction_model, skip_trigram_model
 from qkov.analyze import analyze
 from qkov.report import render_report
+from qkov.results import Claim
+
+from handbuilt import induction_model, skip_trigram_model
 
 EVIL = ['<script>alert("x")</script>', '"><img src=x onerror=alert(1)>', "</script><b>bold</b>", "&amp; <!--"]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
+def evil_tokens(model) -> Tokenizer:
+    """A word-level tokenizer whose every token is untrusted markup."""
+    vocab = {EVIL[i % len(EVIL)] + str(i): i for i in range(model.cfg.d_vocab)}
+    return Tokenizer(WordLevel(vocab, unk_token=next(iter(vocab))))
+
+
 @pytest.fixture(scope="module")
 def reports():
     torch.manual_seed(0)
-    one = analyze(skip_trigram_model([(5, 3, 9), (5, 4, 10)]), show_progress=False)
-    two = analyze(induction_model(), show_progress=False)
-    for results in (one, two):  # untrusted token strings everywhere a token is shown
-        results["tokens"] = [EVIL[i % len(EVIL)] + str(i) for i in range(len(results["tokens"]))]
-    for table in one["skip_trigrams"].values():
-        for t in table:
-            for part in ("source", "destination", "out"):
-                t[f"{part}_str"] = one["tokens"][t[part]]
-    claims = [{"claim": EVIL[0], "paper": "p", "measured": EVIL[1], "holds": True}]
-    return {"1-layer": one, "2-layer": two}, claims
+    models = {"1-layer": skip_trigram_model([(5, 3, 9), (5, 4, 10)]), "2-layer": induction_model()}
+    results = {}
+    for name, model in models.items():  # untrusted token strings everywhere a token is shown
+        model.tokenizer = evil_tokens(model)
+        results[name] = analyze(model, show_progress=False)
+    claims = [Claim(EVIL[0], "p", EVIL[1], EVIL[2], True)]
+    return results, claims
 
 
 def test_every_token_string_is_escaped(reports):
@@ -55,6 +62,7 @@ def test_the_report_is_self_contained(reports):
     assert "@import" not in html and "url(" not in html
 
 
+@pytest.mark.slow
 def test_the_report_renders_in_headless_chromium(reports, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:

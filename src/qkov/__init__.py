@@ -36,6 +36,7 @@ from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.linalg import FactoredMatrix, TopK, copying_score, random_copying_scores
 from qkov.model import AttnOnlyTransformer
+from qkov.results import Reproduction, Results, load_results
 
 __all__ = [
     "AttnOnlyTransformer",
@@ -43,6 +44,8 @@ __all__ = [
     "FactoredMatrix",
     "QKTerms",
     "QkovError",
+    "Reproduction",
+    "Results",
     "TermImportance",
     "TopK",
     "composition_baseline",
@@ -55,6 +58,7 @@ __all__ = [
     "k_composition_circuit",
     "k_composition_positivity",
     "load",
+    "load_results",
     "ov_circuit",
     "path_expansion",
     "qk_circuit",

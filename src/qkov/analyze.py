@@ -1,17 +1,23 @@
-"""Every analysis that applies to a model's depth, collected into one JSON-ready tree (the
-paper's sections "Zero-Layer", "One-Layer" and "Two-Layer Attention-Only Transformers").
+"""Every analysis that applies to a model, run as a list of registered steps (the paper's sections
+"Zero-Layer", "One-Layer" and "Two-Layer Attention-Only Transformers").
 
-:func:`analyze` is what ``qkov analyze`` runs; ``results.json`` is its return value, documented in
-the README. The report renders it and computes nothing.
+A step is a small function from a :class:`Context` (the model, the corpus tokens, the random token
+batches every step shares, and the results of the steps before it, read-only) to one typed result
+of :mod:`qkov.results`; :data:`STEPS` declares each one's name (the ``Results`` field it fills),
+which models it applies to, its progress weight and its title (the progress line and the report
+section's heading). :func:`analyze` runs the steps that apply; the progress total is the sum of
+their weights. To add an analysis, see "Adding an analysis" in the README.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,8 +34,15 @@ from qkov.circuits.composition import (
     composition_baseline,
     k_composition_positivity,
 )
-from qkov.circuits.heads import copying_analysis, duplicate_token_scores, previous_token_scores
+from qkov.circuits.heads import (
+    INDUCTION_HEAD,
+    PREVIOUS_TOKEN_HEAD,
+    copying_analysis,
+    duplicate_token_scores,
+    previous_token_scores,
+)
 from qkov.circuits.paths import term_importance
+from qkov.circuits.phase_change import TrainingPoint, phase_change, read_training_log
 from qkov.circuits.qk_ov import qk_term_rms, qk_terms
 from qkov.circuits.skip_trigrams import (
     head_circuits,
@@ -43,21 +56,33 @@ from qkov.data.tokens import cached_tokens, sample_windows
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
 from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name
+from qkov.names import head_name, hook_name
 from qkov.report import render_report
-from qkov.train import METRICS_FILE
+from qkov.results import (
+    AttentionExample,
+    AttentionExamples,
+    Composition,
+    CompositionPair,
+    Copying,
+    CrossedRow,
+    HeadBehaviour,
+    HeadCopying,
+    InductionCheck,
+    RepeatedTokens,
+    Results,
+    SkipTrigramBugRow,
+    SkipTrigramRow,
+    SkipTrigrams,
+    TermImportanceResult,
+    finite,
+    write_results,
+)
 
-REPEATS = 3
+REPEATS = 3  # repeated random tokens: each sequence is a random period repeated this often
 REPEAT_BATCH = 32
 SKIP_TRIGRAMS_PER_HEAD = 50
 MIN_TOKEN_COUNT = 20  # with a corpus, skip-trigrams use only tokens seen this often (rare rows are noise)
-PATTERN_EXAMPLE_LENGTH = 48  # tokens in the attention-pattern examples kept for the report (3 x 16)
-
-
-def _finite(x: float) -> float | None:
-    """JSON has no NaN: undefined numbers are null."""
-    x = float(x)
-    return None if math.isnan(x) or math.isinf(x) else x
+PATTERN_EXAMPLE_LENGTH = 48  # tokens in the attention-pattern examples kept for the report
 
 
 def token_strings(tokenizer: Tokenizer | None, d_vocab: int) -> list[str]:
@@ -67,270 +92,290 @@ def token_strings(tokenizer: Tokenizer | None, d_vocab: int) -> list[str]:
     return [tokenizer.decode([i]) for i in range(d_vocab)]
 
 
-class Steps:
-    """A progress display with one line per analysis step (quiet when ``show`` is false)."""
+@dataclass
+class Context:
+    """What every step reads. The random inputs are drawn once, in a fixed order, from ``seed``:
+    ``repeated`` (``REPEAT_BATCH`` sequences of a period repeated ``REPEATS`` times), ``example`` (one
+    such sequence of at most ``PATTERN_EXAMPLE_LENGTH`` tokens) and, with a corpus, ``snippet`` (one
+    eval window) and ``text`` (``REPEAT_BATCH`` eval windows)."""
 
-    def __init__(self, show: bool, total: int) -> None:
-        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
-        self.progress = Progress(
-            *columns, TimeElapsedColumn(), console=Console(stderr=True), disable=not show
+    model: AttnOnlyTransformer
+    corpus: tuple[np.ndarray, np.ndarray] | None  # train and eval token arrays
+    strings: list[str]
+    seed: int = 0
+    done: Mapping[str, Any] = field(default_factory=dict)  # earlier steps' results, read-only
+
+    def __post_init__(self) -> None:
+        cfg, generator = self.model.cfg, torch.Generator().manual_seed(self.seed)
+        self.period = cfg.n_ctx // REPEATS
+        self.example_period = min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx) // REPEATS
+        if cfg.n_layers == 0:
+            return
+        self.repeated = repeated_random_tokens(REPEAT_BATCH, self.period, REPEATS, cfg.d_vocab, generator)
+        self.example = repeated_random_tokens(1, self.example_period, REPEATS, cfg.d_vocab, generator)[0]
+        if self.corpus is not None:
+            length = min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx)
+            self.snippet = sample_windows(self.corpus[1], 1, length, generator)[0]
+            self.text = sample_windows(self.corpus[1], REPEAT_BATCH, cfg.n_ctx, generator)
+
+    @cached_property
+    def repeated_run(self) -> tuple[torch.Tensor, dict]:
+        """The clean run on ``repeated``: ``(logits, cache)``, shared by the steps that need it."""
+        return self.model.run_with_cache(self.repeated)
+
+    @cached_property
+    def counts(self) -> BigramCounts:
+        assert self.corpus is not None
+        return BigramCounts.of(self.corpus[0], self.model.cfg.d_vocab)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One analysis: ``run(context)`` returns the ``Results`` field ``name``. It applies to models of
+    ``min_layers`` to ``max_layers`` layers, and only with a corpus when ``needs_corpus``. ``after``
+    names the steps whose results it reads; ``weight`` is its share of the progress bar."""
+
+    name: str
+    title: str
+    run: Callable[[Context], Any]
+    min_layers: int = 0
+    max_layers: int | None = None
+    needs_corpus: bool = False
+    after: tuple[str, ...] = ()
+    weight: int = 1
+
+    def applies(self, n_layers: int, has_corpus: bool) -> bool:
+        deep_enough = n_layers >= self.min_layers and (self.max_layers is None or n_layers <= self.max_layers)
+        return deep_enough and (has_corpus or not self.needs_corpus)
+
+
+# -- the steps -------------------------------------------------------------------------------------
+def bigram_step(ctx: Context):
+    return compare_bigrams(ctx.model, ctx.counts)
+
+
+def copying_step(ctx: Context) -> Copying:
+    copying = copying_analysis(ctx.model)
+    heads = [
+        HeadCopying(
+            name=head_name(layer, head),
+            layer=layer,
+            head=head,
+            copying_score=finite(copying.scores[layer, head]),
+            self_top1=finite(copying.self_top1[layer, head]),
+            diagonal_z=finite(copying.diagonal_z[layer, head]),
+            eigenvalues=[
+                (round(e.real, 5), round(e.imag, 5)) for e in copying.eigenvalues[layer, head].tolist()
+            ],
+            copies=bool(copying.scores[layer, head] > copying.threshold),
         )
-        self.task = self.progress.add_task("analysing", total=total)
+        for layer, head in np.ndindex(copying.scores.shape)
+    ]
+    return Copying(
+        heads=heads,
+        baseline=[round(float(x), 4) for x in copying.baseline],
+        baseline_mean=float(copying.baseline.mean()),
+        threshold=copying.threshold,
+        copying_heads=copying.copying_heads,
+    )
 
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        self.progress.update(self.task, description=f"analysing: {name}")
-        yield
-        self.progress.advance(self.task)
+
+def repeated_tokens_step(ctx: Context) -> RepeatedTokens:
+    logits, cache = ctx.repeated_run
+    behaviour = repeat_behaviour(logits, cache, ctx.repeated, ctx.period)
+    previous, duplicate = previous_token_scores(cache), duplicate_token_scores(cache, ctx.period)
+    heads = [
+        HeadBehaviour(
+            name=head_name(layer, head),
+            layer=layer,
+            head=head,
+            previous_token_score=finite(previous[layer, head]),
+            induction_score=finite(behaviour.induction[layer][head]),
+            duplicate_token_score=finite(duplicate[layer, head]),
+        )
+        for layer, head in np.ndindex(previous.shape)
+    ]
+    return RepeatedTokens(
+        period=ctx.period,
+        repeats=REPEATS,
+        sequences=ctx.repeated.shape[0],
+        loss_per_repeat=behaviour.loss_per_repeat,
+        heads=heads,
+        previous_token_threshold=PREVIOUS_TOKEN_HEAD,
+        induction_threshold=INDUCTION_HEAD,
+        previous_token_heads=[h.name for h in heads if (h.previous_token_score or 0) > PREVIOUS_TOKEN_HEAD],
+        induction_heads=[h.name for h in heads if (h.induction_score or 0) > INDUCTION_HEAD],
+    )
+
+
+def _patterns(model: AttnOnlyTransformer, tokens: torch.Tensor, description: str) -> AttentionExample:
+    _, cache = model.run_with_cache(tokens[None])
+    patterns = {}
+    for layer in range(model.cfg.n_layers):
+        for head, pattern in enumerate(cache[hook_name(layer, "pattern")][0]):
+            rows = [[round(float(x), 3) for x in row[: i + 1]] for i, row in enumerate(pattern)]
+            patterns[head_name(layer, head)] = rows
+    return AttentionExample(description, tokens.tolist(), patterns)
+
+
+def attention_step(ctx: Context) -> AttentionExamples:
+    repeated = _patterns(
+        ctx.model, ctx.example, f"repeated random tokens ({ctx.example_period} tokens, {REPEATS} times)"
+    )
+    corpus = None
+    if ctx.corpus is not None:
+        corpus = _patterns(ctx.model, ctx.snippet, f"a corpus snippet ({len(ctx.snippet)} tokens)")
+    return AttentionExamples(repeated, corpus)
+
+
+def position_content_step(ctx: Context) -> dict[str, dict[str, float]] | None:
+    if ctx.model.W_pos is None:
+        return None
+    rms = qk_term_rms(qk_terms(ctx.model))
+    return {
+        term: {head_name(layer, head): float(v) for (layer, head), v in np.ndenumerate(values.numpy())}
+        for term, values in rms.items()
+    }
+
+
+def term_importance_step(ctx: Context) -> TermImportanceResult:
+    tokens = ctx.text if ctx.corpus is not None else ctx.repeated
+    importance = term_importance(ctx.model, tokens)
+    described = "corpus (eval split)" if ctx.corpus is not None else "repeated random tokens"
+    return TermImportanceResult(**importance.__dict__, tokens=described)
+
+
+def _trigram_rows(
+    ctx: Context, layer: int, head: int
+) -> tuple[list[SkipTrigramRow], list[SkipTrigramBugRow]]:
+    allowed = torch.from_numpy(ctx.counts.unigram >= MIN_TOKEN_COUNT) if ctx.corpus is not None else None
+    circuits = head_circuits(ctx.model, layer, head, allowed)
+    trigrams = strongest_skip_trigrams(circuits, SKIP_TRIGRAMS_PER_HEAD)
+    s = ctx.strings
+    rows = [
+        SkipTrigramRow(
+            **t.__dict__, source_str=s[t.source], destination_str=s[t.destination], out_str=s[t.out]
+        )
+        for t in trigrams
+    ]
+    bugs = []
+    for bug in skip_trigram_bugs(circuits, trigrams):
+        crossed = [
+            CrossedRow(
+                **replace(c, in_corpus=_in_corpus(ctx, bug.source, c.destination, c.out)).__dict__,
+                destination_str=s[c.destination],
+                out_str=s[c.out],
+            )
+            for c in bug.crossed
+        ]
+        first_str, second_str = ((s[d], s[o]) for d, o in (bug.first, bug.second))
+        bugs.append(
+            SkipTrigramBugRow(
+                **(bug.__dict__ | {"crossed": crossed}),
+                source_str=s[bug.source],
+                first_str=first_str,
+                second_str=second_str,
+            )
+        )
+    return rows, bugs
+
+
+def _in_corpus(ctx: Context, source: int, destination: int, out: int) -> bool | None:
+    if ctx.corpus is None:
+        return None
+    return skip_trigram_occurs(ctx.corpus[0], source, destination, out, ctx.model.cfg.n_ctx)
+
+
+def skip_trigram_step(ctx: Context) -> SkipTrigrams:
+    tables, bugs = {}, {}
+    for head in range(ctx.model.cfg.n_heads):
+        tables[head_name(0, head)], bugs[head_name(0, head)] = _trigram_rows(ctx, 0, head)
+    return SkipTrigrams(tables, bugs)
+
+
+def composition_step(ctx: Context) -> Composition:
+    baseline = composition_baseline(ctx.model.cfg.d_model, ctx.model.cfg.d_head)
+    pairs = {
+        kind: [
+            CompositionPair(head_name(l1, h1), head_name(l2, h2), float(raw), baseline, float(raw) - baseline)
+            for (l1, h1, l2, h2), raw in np.ndenumerate(scores.numpy())
+            if not math.isnan(raw)
+        ]
+        for kind, scores in all_raw_composition_scores(ctx.model, KINDS).items()
+    }
+    return Composition(baseline=baseline, **pairs)
+
+
+def induction_check_step(ctx: Context) -> list[InductionCheck]:
+    positivity = k_composition_positivity(ctx.model)
+    copying = {h.name: h.copying_score for h in ctx.done["copying"].heads}
+    n_heads, rows = ctx.model.cfg.n_heads, []
+    for layer in range(1, ctx.model.cfg.n_layers):
+        for head in range(n_heads):
+            per_writer = positivity[:layer, :, layer, head].flatten()  # [earlier layers * n_heads]
+            best = int(per_writer.argmax())
+            rows.append(
+                InductionCheck(
+                    head=head_name(layer, head),
+                    ov_copying=copying[head_name(layer, head)],
+                    k_composition_positivity=float(per_writer[best]),
+                    writer=head_name(*divmod(best, n_heads)),
+                    all={head_name(*divmod(i, n_heads)): float(v) for i, v in enumerate(per_writer)},
+                )
+            )
+    return rows
+
+
+def ablation_step(ctx: Context):
+    return ablation_effects(ctx.model, ctx.repeated, ctx.period, clean_run=ctx.repeated_run)
+
+
+STEPS: tuple[Step, ...] = (
+    Step("bigram", "Direct path as a bigram table", bigram_step, needs_corpus=True),
+    Step("copying", "Copying (OV eigenvalues)", copying_step, min_layers=1),
+    Step("repeated_tokens", "Repeated random tokens", repeated_tokens_step, min_layers=1),
+    Step("attention_examples", "Attention patterns", attention_step, min_layers=1),
+    Step("qk_position_content", "Position versus content", position_content_step, min_layers=1),
+    Step("term_importance", "Term importance", term_importance_step, min_layers=1, weight=2),
+    Step("skip_trigrams", "Skip-trigrams", skip_trigram_step, min_layers=1, max_layers=1, weight=2),
+    Step("composition", "Composition scores", composition_step, min_layers=2),
+    Step(
+        "induction_check", "Induction mechanism (K-composition)", induction_check_step, 2, after=("copying",)
+    ),
+    Step("ablation", "Ablations", ablation_step, min_layers=2, weight=2),
+)
+
+
+# -- running them ----------------------------------------------------------------------------------
+def _progress(show: bool) -> Progress:
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+    return Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True), disable=not show)
 
 
 def analyze(
     model: AttnOnlyTransformer,
     corpus_tokens: tuple[np.ndarray, np.ndarray] | None = None,
-    training_log: list[dict] | None = None,
+    training_log: list[TrainingPoint] | None = None,
     show_progress: bool = True,
     seed: int = 0,
-) -> dict:
-    """Run every analysis for the model's depth. ``corpus_tokens`` (train and eval arrays, in the
+) -> Results:
+    """Run every step that applies to the model. ``corpus_tokens`` (train and eval arrays, in the
     model's tokenizer) adds the bigram comparison, marks skip-trigram bugs that never occur, and
     gives the text for term importance; without it term importance uses repeated random tokens."""
-    cfg = model.cfg
-    model.eval()
-    generator = torch.Generator().manual_seed(seed)
-    strings = token_strings(model.tokenizer, cfg.d_vocab)
-    n_steps = (
-        1
-        + (corpus_tokens is not None)
-        + (cfg.n_layers >= 1) * 4
-        + (cfg.n_layers == 1)
-        + (cfg.n_layers >= 2) * 3
+    cfg, model = model.cfg, model.eval()
+    done: dict[str, Any] = {}
+    ctx = Context(
+        model, corpus_tokens, token_strings(model.tokenizer, cfg.d_vocab), seed, MappingProxyType(done)
     )
-    steps = Steps(show_progress, n_steps)
-    results: dict = {
-        "config": cfg.to_dict(),
-        "tokens": strings,
-        "training": training_log or [],
-        "phase_change": phase_change(training_log or []),
-    }
-    with steps.progress, torch.no_grad():
-        with steps.step("heads"):
-            results["heads"] = [
-                {"name": head_name(layer, head), "layer": layer, "head": head}
-                for layer in range(cfg.n_layers)
-                for head in range(cfg.n_heads)
-            ]
-        allowed = None  # with a corpus, skip-trigrams use only tokens seen often enough to be trained
-        if corpus_tokens is not None:
-            with steps.step("bigram statistics"):
-                counts = BigramCounts.of(corpus_tokens[0], cfg.d_vocab)
-                results["bigram"] = compare_bigrams(model, counts).__dict__
-                allowed = torch.from_numpy(counts.unigram >= MIN_TOKEN_COUNT)
-        if cfg.n_layers >= 1:
-            with steps.step("copying (OV eigenvalues)"):
-                results["copying"] = _copying(model, results["heads"])
-            with steps.step("repeated random tokens"):
-                period = cfg.n_ctx // REPEATS
-                repeated = repeated_random_tokens(REPEAT_BATCH, period, REPEATS, cfg.d_vocab, generator)
-                results["in_context_loss"] = _behaviour(model, repeated, period, results["heads"])
-                example_period = min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx) // REPEATS
-                example = repeated_random_tokens(1, example_period, REPEATS, cfg.d_vocab, generator)
-                results["attention_examples"] = {"repeated": _patterns(model, example[0])}
-                if corpus_tokens is not None:
-                    snippet = sample_windows(
-                        corpus_tokens[1], 1, min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx), generator
-                    )
-                    results["attention_examples"]["corpus"] = _patterns(model, snippet[0])
-            with steps.step("position versus content"):
-                results["qk_position_content"] = _position_content(model) if model.W_pos is not None else None
-            with steps.step("term importance"):
-                if corpus_tokens is not None:
-                    text = sample_windows(corpus_tokens[1], REPEAT_BATCH, cfg.n_ctx, generator)
-                else:
-                    text = repeated
-                importance = term_importance(model, text)
-                results["term_importance"] = importance.__dict__ | {
-                    "tokens": "corpus (eval split)" if corpus_tokens is not None else "repeated random tokens"
-                }
-        if cfg.n_layers == 1:
-            with steps.step("skip-trigrams"):
-                results["skip_trigrams"], results["skip_trigram_bugs"] = _skip_trigrams(
-                    model, corpus_tokens, strings, allowed
-                )
-        if cfg.n_layers >= 2:
-            with steps.step("composition scores"):
-                results["composition"] = _composition(model)
-            with steps.step("induction mechanism (K-composition)"):
-                results["induction_check"] = _induction_check(model, results["heads"])
-            with steps.step("ablations"):
-                results["ablation"] = ablation_effects(model, repeated, period)
-    return results
-
-
-def phase_change(training_log: list[dict]) -> dict | None:
-    """When the induction heads formed during training, from the best induction score at each
-    eval: ``onset_tokens`` where it first passed 10% of its final value, ``complete_tokens`` where
-    it first passed 90%, their distance as a fraction of the whole run (``width_fraction``: the
-    paper's phase change is abrupt, a small fraction), and the interval of the steepest rise. None
-    without such a log or without a rise."""
-    rows = [row for row in training_log if row.get("induction_score") is not None]
-    if len(rows) < 2:
-        return None
-    start, final = rows[0]["induction_score"], rows[-1]["induction_score"]
-    if final <= start:
-        return None
-
-    def first_past(fraction: float) -> float:
-        level = start + fraction * (final - start)
-        return next(row["tokens"] for row in rows if row["induction_score"] >= level)
-
-    steepest = max(
-        zip(rows, rows[1:], strict=False), key=lambda p: p[1]["induction_score"] - p[0]["induction_score"]
-    )
-    onset, complete = first_past(0.1), first_past(0.9)
-    return {
-        "onset_tokens": onset,
-        "complete_tokens": complete,
-        "width_fraction": (complete - onset) / rows[-1]["tokens"],
-        "steepest_tokens": (steepest[0]["tokens"] + steepest[1]["tokens"]) / 2,
-        "initial_induction": start,
-        "final_induction": final,
-    }
-
-
-def _copying(model: AttnOnlyTransformer, heads: list[dict]) -> dict:
-    copying = copying_analysis(model)
-    for head in heads:
-        index = head["layer"], head["head"]
-        head["copying_score"] = _finite(copying.scores[index])
-        head["self_top1"] = _finite(copying.self_top1[index])
-        head["diagonal_z"] = _finite(copying.diagonal_z[index])
-    return {
-        "baseline_mean": float(copying.baseline.mean()),
-        "threshold": copying.threshold,
-        "baseline": [round(float(x), 4) for x in copying.baseline],
-        "copying_heads": copying.copying_heads,
-        "eigenvalues": {
-            head["name"]: [
-                [round(float(e.real), 5), round(float(e.imag), 5)]
-                for e in copying.eigenvalues[head["layer"], head["head"]]
-            ]
-            for head in heads
-        },
-    }
-
-
-def _behaviour(model: AttnOnlyTransformer, repeated: torch.Tensor, period: int, heads: list[dict]) -> dict:
-    logits, cache = model.run_with_cache(repeated)
-    behaviour = repeat_behaviour(logits, cache, repeated, period)
-    previous = previous_token_scores(cache)
-    duplicate = duplicate_token_scores(cache, period)
-    for head in heads:
-        index = head["layer"], head["head"]
-        head["previous_token_score"] = _finite(previous[index])
-        head["induction_score"] = _finite(behaviour.induction[index[0]][index[1]])
-        head["duplicate_token_score"] = _finite(duplicate[index])
-    return {"repeats": behaviour.loss_per_repeat, "period": period, "sequences": repeated.shape[0]}
-
-
-def _patterns(model: AttnOnlyTransformer, tokens: torch.Tensor) -> dict:
-    _, cache = model.run_with_cache(tokens[None])
-    patterns = {}
-    for layer in range(model.cfg.n_layers):
-        for head, pattern in enumerate(cache[f"blocks.{layer}.attn.hook_pattern"][0]):
-            patterns[head_name(layer, head)] = [
-                [round(float(x), 3) for x in row[: i + 1]] for i, row in enumerate(pattern)
-            ]
-    return {"tokens": tokens.tolist(), "patterns": patterns}
-
-
-def _position_content(model: AttnOnlyTransformer) -> dict:
-    rms = qk_term_rms(qk_terms(model))
-    return {
-        name: {head_name(layer, head): float(v) for (layer, head), v in np.ndenumerate(values.numpy())}
-        for name, values in rms.items()
-    }
-
-
-def _skip_trigrams(
-    model: AttnOnlyTransformer, corpus_tokens, strings: list[str], allowed: torch.Tensor | None
-) -> tuple[dict, dict]:
-    tables, bugs = {}, {}
-    for head in range(model.cfg.n_heads):
-        circuits = head_circuits(model, 0, head, allowed)
-        trigrams = strongest_skip_trigrams(circuits, SKIP_TRIGRAMS_PER_HEAD)
-        name = head_name(0, head)
-        tables[name] = [
-            t.to_dict()
-            | {f"{part}_str": strings[getattr(t, part)] for part in ("source", "destination", "out")}
-            for t in trigrams
-        ]
-        head_bugs = [bug.to_dict() for bug in skip_trigram_bugs(circuits, trigrams)]
-        for bug in head_bugs:
-            bug["source_str"] = strings[bug["source"]]
-            for pair in ("first", "second"):
-                bug[f"{pair}_str"] = [strings[t] for t in bug[pair]]
-            for crossed in bug["crossed"]:
-                crossed["destination_str"], crossed["out_str"] = (
-                    strings[crossed["destination"]],
-                    strings[crossed["out"]],
-                )
-                if corpus_tokens is not None:
-                    crossed["in_corpus"] = skip_trigram_occurs(
-                        corpus_tokens[0],
-                        bug["source"],
-                        crossed["destination"],
-                        crossed["out"],
-                        model.cfg.n_ctx,
-                    )
-        bugs[name] = head_bugs
-    return tables, bugs
-
-
-def _composition(model: AttnOnlyTransformer) -> dict:
-    baseline = composition_baseline(model.cfg.d_model, model.cfg.d_head)
-    out = {}
-    for kind, raw in all_raw_composition_scores(model, KINDS).items():
-        out[kind] = [
-            {
-                "from": head_name(l1, h1),
-                "to": head_name(l2, h2),
-                "raw": float(value),
-                "baseline": baseline,
-                "score": float(value) - baseline,
-            }
-            for (l1, h1, l2, h2), value in np.ndenumerate(raw.numpy())
-            if not math.isnan(value)
-        ]
-    return out
-
-
-def _induction_check(model: AttnOnlyTransformer, heads: list[dict]) -> list[dict]:
-    positivity = k_composition_positivity(model)
-    copying = {head["name"]: head["copying_score"] for head in heads}
-    rows = []
-    for layer in range(1, model.cfg.n_layers):
-        for head in range(model.cfg.n_heads):
-            per_writer = positivity[:layer, :, layer, head]  # [earlier layers, n_heads]
-            best = int(per_writer.flatten().argmax())
-            writer = head_name(*divmod(best, model.cfg.n_heads))
-            rows.append(
-                {
-                    "head": head_name(layer, head),
-                    "ov_copying": copying[head_name(layer, head)],
-                    "k_composition_positivity": float(per_writer.flatten()[best]),
-                    "with": writer,
-                    "all": {
-                        head_name(l1, h1): float(per_writer[l1, h1])
-                        for l1 in range(layer)
-                        for h1 in range(model.cfg.n_heads)
-                    },
-                }
-            )
-    return rows
-
-
-def write_results(results: dict, out: Path) -> None:
-    atomic_write_text(out / "results.json", json.dumps(results, indent=1, allow_nan=False) + "\n")
+    steps = [s for s in STEPS if s.applies(cfg.n_layers, corpus_tokens is not None)]
+    with _progress(show_progress) as progress, torch.no_grad():
+        task = progress.add_task("analysing", total=sum(s.weight for s in steps))
+        for step in steps:
+            progress.update(task, description=f"analysing: {step.title}")
+            done[step.name] = step.run(ctx)
+            progress.advance(task, step.weight)
+    log = training_log or []
+    return Results(config=cfg, tokens=ctx.strings, training=log, phase_change=phase_change(log), **done)
 
 
 def corpus_token_arrays(
@@ -345,24 +390,13 @@ def corpus_token_arrays(
     return splits.train, splits.eval
 
 
-def read_training_log(folder: Path) -> list[dict]:
-    """The rows of ``metrics.jsonl`` when the folder has one (training curves for the report)."""
-    file = folder / METRICS_FILE
-    if not file.is_file():
-        return []
-    try:
-        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as err:
-        raise QkovError(f"{file}: not valid JSON lines ({err})") from None
-
-
 def analyze_checkpoint(
     checkpoint: str | Path,
     out: Path,
     corpus: list[str] | None = None,
     seed: int = 0,
     show_progress: bool = True,
-) -> dict:
+) -> Results:
     """``qkov analyze``: load, analyse, write ``out/results.json`` and ``out/report.html``."""
     model = load(checkpoint)
     corpus_tokens = corpus_token_arrays(corpus, model.tokenizer) if corpus else None
@@ -371,3 +405,4 @@ def analyze_checkpoint(
     write_results(results, out)
     atomic_write_text(out / "report.html", render_report({f"{model.cfg.n_layers}-layer": results}))
     return results
+

@@ -25,8 +25,6 @@ from qkov.model import AttnOnlyTransformer
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
-BIAS_NAMES = ("b_Q", "b_K", "b_V", "b_O")
-
 
 def expected_shapes(cfg: Config) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """The tensors a checkpoint of ``cfg`` must hold, and the optional biases (absent = zero)."""

@@ -19,6 +19,7 @@ from qkov.checkpoint import load_config, load_tokenizer
 from qkov.config import POSITIONAL_EMBEDDINGS, Config
 from qkov.errors import QkovError
 from qkov.recipes import recipe
+from qkov.results import Results
 
 console = Console(stderr=True)
 
@@ -27,9 +28,25 @@ def add_corpus_argument(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--corpus", action="append", metavar="PATH", help=help)
 
 
+def common_options(device_help: str | None) -> argparse.ArgumentParser:
+    """The options every long-running command shares: ``--seed``, ``--threads``, ``--quiet`` and,
+    where the command trains, ``--device``."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    if device_help:
+        p.add_argument("--device", default="cpu", help=device_help)
+    return p
+
+
+TRAIN_DEVICE = "where to train: cpu (default), cuda, cuda:1, ..."
+
+
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
+        parents=[common_options(TRAIN_DEVICE)],
         help="train an attention-only transformer on a corpus",
         description="Train an attention-only transformer. Unset options take the "
         "measured defaults for the depth (see the README).",
@@ -46,15 +63,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--positional-embedding", choices=POSITIONAL_EMBEDDINGS, default="shortformer")
     add_corpus_argument(p, "text files, folders or globs (repeatable); default: the Python standard library")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--embed-lr-mult", type=float, help="learning-rate multiplier for W_E and W_pos")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 autocasts matmuls to bfloat16")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
-    p.add_argument("--device", default="cpu", help="where to train: cpu (default), cuda, cuda:1, ...")
     p.add_argument("--eval-every", type=int, help="steps between evaluations (a line of metrics.jsonl)")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def train_command(args: argparse.Namespace) -> None:
@@ -161,9 +174,16 @@ def info_command(args: argparse.Namespace) -> None:
         print("  last metrics: " + ", ".join(f"{k} {v}" for k, v in last.items()))
 
 
+def schema_command(args: argparse.Namespace) -> None:
+    from qkov.results import schema_text
+
+    sys.stdout.write(schema_text())
+
+
 def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "analyze",
+        parents=[common_options(None)],
         help="run every analysis for a checkpoint's depth; write results.json and report.html",
         description="Run every analysis that applies to the checkpoint's depth and write "
         "DIR/results.json and DIR/report.html.",
@@ -175,9 +195,6 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         "text files, folders or globs (repeatable), or 'stdlib' for the embedded default corpus: "
         "adds the bigram comparison and checks skip-trigram bugs against the text",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random token batches")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
-    p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def analyze_command(args: argparse.Namespace) -> None:
@@ -193,34 +210,31 @@ def analyze_command(args: argparse.Namespace) -> None:
     console.print(f"wrote {out / 'results.json'} and {out / 'report.html'}")
 
 
-def summary_lines(results: dict) -> list[str]:
+def summary_lines(results: Results) -> list[str]:
     """A few lines a person reads first: the headline numbers of one model's results."""
-    cfg = results["config"]
-    lines = [f"{cfg['n_layers']}-layer model, {cfg['n_heads']} heads per layer, d_model {cfg['d_model']}"]
-    if "bigram" in results:
-        b = results["bigram"]
-        lines.append(
-            f"  direct path vs corpus bigrams: correlation {b['correlation']:.3f}, KL {b['kl']:.3f} nats"
-        )
-    if "copying" in results:
-        c = results["copying"]
-        n = len(results["heads"])
-        lines.append(f"  copying heads: {c['copying_heads']} of {n} (threshold {c['threshold']:+.2f})")
-    if "in_context_loss" in results:
-        repeats = results["in_context_loss"]["repeats"]
-        lines.append("  loss on repeated random tokens: " + " / ".join(f"{x:.2f}" for x in repeats))
-    for head in results.get("heads", []):
-        if (head.get("previous_token_score") or 0) > 0.5 or (head.get("induction_score") or 0) > 0.3:
-            lines.append(
-                f"  {head['name']}: previous-token {head['previous_token_score']:.2f}, "
-                f"induction {head['induction_score']:.2f}, copying {head['copying_score']:+.2f}"
-            )
+    cfg = results.config
+    lines = [f"{cfg.n_layers}-layer model, {cfg.n_heads} heads per layer, d_model {cfg.d_model}"]
+    if (b := results.bigram) is not None:
+        correlation = "undefined" if b.correlation is None else f"{b.correlation:.3f}"
+        lines.append(f"  direct path vs corpus bigrams: correlation {correlation}, KL {b.kl:.3f} nats")
+    if (c := results.copying) is not None:
+        lines.append(f"  copying heads: {c.copying_heads} of {len(c.heads)} (threshold {c.threshold:+.2f})")
+    if (t := results.repeated_tokens) is not None:
+        lines.append("  loss on repeated random tokens: " + " / ".join(f"{x:.2f}" for x in t.loss_per_repeat))
+        copying = {h.name: h.copying_score for h in c.heads} if c is not None else {}
+        for h in t.heads:
+            if h.name in t.previous_token_heads or h.name in t.induction_heads:
+                lines.append(
+                    f"  {h.name}: previous-token {h.previous_token_score:.2f}, "
+                    f"induction {h.induction_score:.2f}, copying {copying.get(h.name) or 0.0:+.2f}"
+                )
     return lines
 
 
 def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce",
+        parents=[common_options(TRAIN_DEVICE + " (analysis runs on the CPU)")],
         help="train 0/1/2-layer models, analyse them, check the paper's claims, write a report",
         description="Train the 0-, 1- and 2-layer models with the measured defaults (reusing finished "
         "and resuming interrupted runs in DIR), analyse each, and write DIR/results.json and "
@@ -229,16 +243,11 @@ def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/reproduce", help="output folder (default: runs/reproduce)")
     add_corpus_argument(p, "text files, folders or globs (repeatable); default: the Python standard library")
     p.add_argument("--quick", action="store_true", help="tiny models, few steps: exercises every code path")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
-    p.add_argument(
-        "--device", default="cpu", help="where to train: cpu (default), cuda, ... (analysis runs on the CPU)"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def reproduce_command(args: argparse.Namespace) -> None:
-    from qkov.reproduce import reproduce, summary_table
+    from qkov.claims import summary_table
+    from qkov.reproduce import reproduce
 
     torch.set_num_threads(max(1, args.threads))
     out = Path(args.out)
@@ -247,10 +256,10 @@ def reproduce_command(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:
         console.print("interrupted; the checkpoint is saved. Rerun the same command to resume.")
         sys.exit(130)
-    for model_results in results["models"].values():
+    for model_results in results.models.values():
         print("\n".join(summary_lines(model_results)))
-    print(summary_table(results["claims"]))
-    minutes = results["timings"]["total_s"] / 60
+    print(summary_table(results.claims))
+    minutes = results.total_s / 60
     print(f"total {minutes:.1f} min; wrote {out / 'results.json'} and {out / 'report.html'}")
 
 
@@ -262,11 +271,13 @@ def main(argv: list[str] | None = None) -> None:
     add_reproduce_parser(sub)
     info = sub.add_parser("info", help="validate a checkpoint folder and describe it")
     info.add_argument("checkpoint")
+    sub.add_parser("schema", help="print the JSON Schema of results.json")
     args = parser.parse_args(argv)
     try:
         {
             "train": train_command,
             "info": info_command,
+            "schema": schema_command,
             "analyze": analyze_command,
             "reproduce": reproduce_command,
         }[args.command](args)

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.loss import unembed_cross_entropy
+from qkov.names import hook_name
 
 
 class Attention(nn.Module):
@@ -259,17 +260,17 @@ class AttnOnlyTransformer(nn.Module):
         if self.W_pos is not None:
             cache["hook_pos_embed"] = self.W_pos[: tokens.shape[1]]
         for layer, block in enumerate(self.blocks):
-            cache[f"blocks.{layer}.hook_resid_pre"] = resid
+            cache[hook_name(layer, "resid_pre")] = resid
             frozen = None if patterns is None else patterns[layer]
             writes, pattern = block.attn.head_writes(resid, qk_positions, frozen)
             if edit_writes is not None:
                 writes = edit_writes(layer, writes)
-            cache[f"blocks.{layer}.attn.hook_pattern"] = pattern
-            cache[f"blocks.{layer}.attn.hook_result"] = writes
+            cache[hook_name(layer, "pattern")] = pattern
+            cache[hook_name(layer, "result")] = writes
             resid = resid + writes.sum(dim=2)
             if block.attn.b_O is not None:
                 resid = resid + block.attn.b_O
-            cache[f"blocks.{layer}.hook_resid_post"] = resid
+            cache[hook_name(layer, "resid_post")] = resid
         return self.unembed(resid), cache
 
 

@@ -1,4 +1,5 @@
-"""Head names as a person reads them: ``L{layer}H{head}`` (``L1H4`` is head 4 of layer 1)."""
+"""Names a person or a script reads: heads as ``L{layer}H{head}`` (``L1H4`` is head 4 of layer 1),
+and activations in a cache by their TransformerLens hook names (``blocks.1.attn.hook_pattern``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ def head_name(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-def head_names(cfg: Config) -> list[str]:
-    """Every head of a model, layer by layer."""
-    return [head_name(layer, head) for layer in range(cfg.n_layers) for head in range(cfg.n_heads)]
+def hook_name(layer: int, hook: str) -> str:
+    """The cache key of an activation of ``layer``: ``"pattern"`` ``[batch, n_heads, dest, src]`` and
+    ``"result"`` (every head's write, ``[batch, pos, n_heads, d_model]``) of its attention, or
+    ``"resid_pre"`` / ``"resid_post"``, the residual stream before and after the layer."""
+    if hook in ("pattern", "result"):
+        return f"blocks.{layer}.attn.hook_{hook}"
+    if hook in ("resid_pre", "resid_post"):
+        return f"blocks.{layer}.hook_{hook}"
+    raise QkovError(f"no hook {hook!r}: expected pattern, result, resid_pre or resid_post")
 
 
 def parse_head(name: str, cfg: Config) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from torch import Tensor
 from qkov.circuits.heads import induction_scores
 from qkov.errors import QkovError
 from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name
+from qkov.names import head_name, hook_name
 
 MODES = ("zero", "mean")
 
@@ -55,7 +55,7 @@ def run_ablated(
     mean = None
     if mode == "mean":
         clean = clean_cache if clean_cache is not None else model.run_with_cache(tokens)[1]
-        mean = clean[f"blocks.{layer}.attn.hook_result"][:, :, head].mean((0, 1))
+        mean = clean[hook_name(layer, "result")][:, :, head].mean((0, 1))
 
     def edit(at_layer: int, writes: Tensor) -> Tensor:
         if at_layer != layer:
@@ -67,12 +67,30 @@ def run_ablated(
     return model.run_with_cache(tokens, edit_writes=edit)
 
 
+@dataclass(frozen=True)
+class AblationEffect:
+    """One earlier head replaced by zero or by its mean (``mode``): the change in each later head's
+    induction score and in the loss on each repeat, against the clean run."""
+
+    head: str
+    mode: str
+    induction_change: dict[str, float]
+    loss_per_repeat: list[float]
+    loss_change: list[float]
+
+
 @torch.no_grad()
-def ablation_effects(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], period: int) -> list[dict]:
+def ablation_effects(
+    model: AttnOnlyTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    period: int,
+    clean_run: tuple[Tensor, dict] | None = None,
+) -> list[AblationEffect]:
     """For every head of every layer but the last, zero- and mean-ablated: the change in each later
-    head's induction score and in the loss on each repeat, against the clean run."""
+    head's induction score and in the loss on each repeat, against the clean run (``clean_run``,
+    the unablated ``(logits, cache)`` on ``tokens``, computed when not given)."""
     tokens = model.check_tokens(tokens)
-    logits, cache = model.run_with_cache(tokens)
+    logits, cache = clean_run if clean_run is not None else model.run_with_cache(tokens)
     clean = repeat_behaviour(logits, cache, tokens, period)
     effects = []
     for layer in range(model.cfg.n_layers - 1):
@@ -80,19 +98,18 @@ def ablation_effects(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"
             for mode in MODES:
                 run = run_ablated(model, tokens, layer, head, mode, clean_cache=cache)
                 ablated = repeat_behaviour(*run, tokens, period)
+                changes = zip(ablated.loss_per_repeat, clean.loss_per_repeat, strict=True)
                 effects.append(
-                    {
-                        "head": head_name(layer, head),
-                        "mode": mode,
-                        "induction_change": {
+                    AblationEffect(
+                        head=head_name(layer, head),
+                        mode=mode,
+                        induction_change={
                             head_name(later, h): ablated.induction[later][h] - clean.induction[later][h]
                             for later in range(layer + 1, model.cfg.n_layers)
                             for h in range(model.cfg.n_heads)
                         },
-                        "loss_per_repeat": ablated.loss_per_repeat,
-                        "loss_change": [
-                            a - c for a, c in zip(ablated.loss_per_repeat, clean.loss_per_repeat, strict=True)
-                        ],
-                    }
+                        loss_per_repeat=ablated.loss_per_repeat,
+                        loss_change=[a - c for a, c in changes],
+                    )
                 )
     return effects

@@ -63,6 +63,17 @@ def direct_path_log_probs(
 
 
 @dataclass(frozen=True)
+class BigramExample:
+    """A common current token: how often it occurs, and its top next tokens ``(token, probability)``
+    in the corpus and under the direct path."""
+
+    token: int
+    count: int
+    corpus: list[tuple[int, float]]
+    model: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
 class BigramComparison:
     """The direct path against the corpus' bigrams, over the most common current tokens.
 
@@ -75,10 +86,10 @@ class BigramComparison:
 
     kl: float
     corpus_entropy: float
-    correlation: float
+    correlation: float | None  # None: too few pairs seen often enough
     tokens_compared: int
     pairs_compared: int
-    examples: list[dict]
+    examples: list[BigramExample]
 
 
 def compare_bigrams(
@@ -99,7 +110,7 @@ def compare_bigrams(
     correlation = (
         float(np.corrcoef(np.log(p[seen]), model_lp[r[seen], nxt[seen]])[0, 1])
         if seen.sum() > 2
-        else float("nan")
+        else None
     )
     examples = []
     for i in range(min(n_examples, len(rows))):
@@ -107,12 +118,12 @@ def compare_bigrams(
         best = mine[np.argsort(-p[mine], kind="stable")[:top]]
         model_best = np.argsort(-model_lp[i], kind="stable")[:top]
         examples.append(
-            {
-                "token": int(rows[i]),
-                "count": int(counts.unigram[rows[i]]),
-                "corpus": [[int(nxt[j]), float(p[j])] for j in best],
-                "model": [[int(t), float(np.exp(model_lp[i, t]))] for t in model_best],
-            }
+            BigramExample(
+                token=int(rows[i]),
+                count=int(counts.unigram[rows[i]]),
+                corpus=[(int(nxt[j]), float(p[j])) for j in best],
+                model=[(int(t), float(np.exp(model_lp[i, t]))) for t in model_best],
+            )
         )
     return BigramComparison(
         kl=float((weight * kl_rows).sum()),

@@ -27,7 +27,7 @@ from torch import Tensor
 from qkov.errors import QkovError
 from qkov.linalg import FactoredMatrix
 from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name, parse_head
+from qkov.names import head_name, hook_name, parse_head
 
 Path = tuple[str, ...]
 Patterns = list[Float[Tensor, "batch n_heads dest src"]]
@@ -40,7 +40,7 @@ def frozen_patterns(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
     tokens (section "OV and QK Independence")."""
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
-    return [cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.cfg.n_layers)]
+    return [cache[hook_name(layer, "pattern")] for layer in range(model.cfg.n_layers)]
 
 
 def _through_head(

@@ -18,7 +18,7 @@ and ``(a, b2, c2)`` force ``(a, b1, c2)`` and ``(a, b2, c1)`` to be about as str
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -30,7 +30,6 @@ from qkov.circuits.qk_ov import full_ov_circuit, full_qk_circuit
 from qkov.errors import QkovError
 from qkov.linalg import FactoredMatrix
 from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name
 
 SOURCE_BLOCK = 1024
 
@@ -43,9 +42,6 @@ class SkipTrigram:
     qk: float
     ov: float
     strength: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _centred(fm: FactoredMatrix) -> FactoredMatrix:
@@ -123,27 +119,26 @@ def strongest_skip_trigrams(circuits: HeadCircuits, k: int = 50) -> list[SkipTri
     return trigrams
 
 
-def skip_trigram_tables(
-    model: AttnOnlyTransformer, layer: int = 0, k: int = 50, allowed: Tensor | None = None
-) -> dict[str, list[SkipTrigram]]:
-    """Every head of ``layer``: its ``k`` strongest skip-trigrams (direct path)."""
-    return {
-        head_name(layer, head): strongest_skip_trigrams(head_circuits(model, layer, head, allowed), k)
-        for head in range(model.cfg.n_heads)
-    }
+@dataclass(frozen=True)
+class Crossed:
+    """A skip-trigram forced by a bug: ``(source, destination) -> out``, its strength ``qk * ov``,
+    and whether it occurs in a corpus (``None`` until checked against one)."""
+
+    destination: int
+    out: int
+    strength: float
+    in_corpus: bool | None = None
 
 
 @dataclass(frozen=True)
 class SkipTrigramBug:
-    """Two strong skip-trigrams sharing a source, and the two crossed ones they force."""
+    """Two strong skip-trigrams sharing a source, and the two crossed ones they force:
+    ``(b1, c2)`` and ``(b2, c1)``."""
 
     source: int
     first: tuple[int, int]  # (destination, out) of one strong skip-trigram
     second: tuple[int, int]
-    crossed: list[dict]  # {"destination", "out", "strength", "in_corpus"} for (b1, c2) and (b2, c1)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    crossed: list[Crossed]
 
 
 def skip_trigram_bugs(
@@ -162,13 +157,13 @@ def skip_trigram_bugs(
         crossed = []
         for dest, out in ((first.destination, second.out), (second.destination, first.out)):
             qk, ov = circuits.strength(first.source, dest, out)
-            crossed.append({"destination": dest, "out": out, "strength": qk * ov, "in_corpus": None})
+            crossed.append(Crossed(dest, out, qk * ov))
         bugs.append(
             SkipTrigramBug(
                 first.source, (first.destination, first.out), (second.destination, second.out), crossed
             )
         )
-    bugs.sort(key=lambda bug: -min(c["strength"] for c in bug.crossed))
+    bugs.sort(key=lambda bug: -min(c.strength for c in bug.crossed))
     return bugs[:limit]
 
 

@@ -8,6 +8,7 @@ import html
 import math
 
 FONT = 'font-family="system-ui, sans-serif" font-size="11"'
+SMALL_FONT = 'font-family="system-ui, sans-serif" font-size="8"'
 
 
 def esc(text: object) -> str:
@@ -28,6 +29,15 @@ def sequential(value: float, limit: float = 1.0) -> str:
     """White to dark blue, for values in ``[0, limit]`` (attention weights)."""
     t = max(0.0, min(1.0, value / limit if limit > 0 else 0.0))
     return f"rgb({round(255 - 200 * t)},{round(255 - 170 * t)},{round(255 - 60 * t)})"
+
+
+def _line(x1: float, y1: float, x2: float, y2: float, stroke: str, extra: str = "") -> str:
+    return f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{stroke}"{extra}/>'
+
+
+def _text(x: float, y: float, content: str, anchor: str = "start", extra: str = "", font: str = FONT) -> str:
+    """A label; ``content`` must already be escaped (or be a number)."""
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" {font}{extra}>{content}</text>'
 
 
 def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
@@ -74,24 +84,17 @@ class _Axes:
         )
 
     def frame(self, x_label: str, y_label: str) -> list[str]:
+        bottom, right = self.y(self.y0), self.width - self.right
         parts = [
-            f'<line x1="{self.left}" y1="{self.y(self.y0)}" x2="{self.width - self.right}" y2="{self.y(self.y0)}" stroke="#444"/>',
-            f'<line x1="{self.left}" y1="{self.top}" x2="{self.left}" y2="{self.y(self.y0)}" stroke="#444"/>',
+            _line(self.left, bottom, right, bottom, "#444"),
+            _line(self.left, self.top, self.left, bottom, "#444"),
         ]
         for t in _ticks(self.x0, self.x1):
-            parts.append(
-                f'<text x="{self.x(t):.1f}" y="{self.y(self.y0) + 14:.1f}" text-anchor="middle" {FONT}>{_fmt(t)}</text>'
-            )
+            parts.append(_text(self.x(t), bottom + 14, _fmt(t), "middle"))
         for t in _ticks(self.y0, self.y1):
-            parts.append(
-                f'<text x="{self.left - 4}" y="{self.y(t) + 4:.1f}" text-anchor="end" {FONT}>{_fmt(t)}</text>'
-            )
-            parts.append(
-                f'<line x1="{self.left}" y1="{self.y(t):.1f}" x2="{self.width - self.right}" y2="{self.y(t):.1f}" stroke="#eee"/>'
-            )
-        parts.append(
-            f'<text x="{(self.left + self.width) / 2}" y="{self.height - 4}" text-anchor="middle" {FONT}>{esc(x_label)}</text>'
-        )
+            parts.append(_text(self.left - 4, self.y(t) + 4, _fmt(t), "end"))
+            parts.append(_line(self.left, self.y(t), right, self.y(t), "#eee"))
+        parts.append(_text((self.left + self.width) / 2, self.height - 4, esc(x_label), "middle"))
         parts.append(
             f'<text x="12" y="{(self.height - self.bottom) / 2}" text-anchor="middle" {FONT} '
             f'transform="rotate(-90 12 {(self.height - self.bottom) / 2})">{esc(y_label)}</text>'
@@ -126,18 +129,14 @@ def line_chart(
     parts = axes.frame(x_label, y_label)
     for x, text in marks:
         parts.append(
-            f'<line x1="{axes.x(x):.1f}" y1="{axes.top}" x2="{axes.x(x):.1f}" y2="{axes.y(axes.y0):.1f}" stroke="#888" stroke-dasharray="4 3"/>'
+            _line(axes.x(x), axes.top, axes.x(x), axes.y(axes.y0), "#888", ' stroke-dasharray="4 3"')
         )
-        parts.append(
-            f'<text x="{axes.x(x) + 3:.1f}" y="{axes.y(axes.y0) - 4:.1f}" {FONT} fill="#555">{esc(text)}</text>'
-        )
+        parts.append(_text(axes.x(x) + 3, axes.y(axes.y0) - 4, esc(text), extra=' fill="#555"'))
     for i, (name, values) in enumerate(series.items()):
         colour = COLOURS[i % len(COLOURS)]
         path = " ".join(f"{axes.x(x):.1f},{axes.y(y):.1f}" for x, y in values if y is not None)
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" points="{path}"/>')
-        parts.append(
-            f'<text x="{axes.width + 4}" y="{axes.top + 14 + 14 * i}" {FONT} fill="{colour}">{esc(name)}</text>'
-        )
+        parts.append(_text(axes.width + 4, axes.top + 14 + 14 * i, esc(name), extra=f' fill="{colour}"'))
     return _svg(axes.width + 170, axes.height, parts, label)  # the legend right of the plot
 
 
@@ -159,25 +158,19 @@ def heatmap(
     parts = []
     for j, name in enumerate(col_labels):
         x = left + j * cell + cell / 2
-        parts.append(
-            f'<text x="{x}" y="{top - 4}" text-anchor="start" {FONT} transform="rotate(-60 {x} {top - 4})">{esc(name)}</text>'
-        )
+        parts.append(_text(x, top - 4, esc(name), extra=f' transform="rotate(-60 {x} {top - 4})"'))
     for i, (name, row) in enumerate(zip(row_labels, values, strict=True)):
         y = top + i * cell
-        parts.append(
-            f'<text x="{left - 4}" y="{y + cell / 2 + 4}" text-anchor="end" {FONT}>{esc(name)}</text>'
-        )
+        parts.append(_text(left - 4, y + cell / 2 + 4, esc(name), "end"))
         for j, value in enumerate(row):
             tip = f"{row_labels[i]} → {col_labels[j]}: " + ("undefined" if value is None else f"{value:.3f}")
             parts.append(
-                f'<rect x="{left + j * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="{diverging(value, limit)}">'
-                f"<title>{esc(tip)}</title></rect>"
+                f'<rect x="{left + j * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" '
+                f'fill="{diverging(value, limit)}"><title>{esc(tip)}</title></rect>'
             )
             if value is not None and cell >= 24:
-                parts.append(
-                    f'<text x="{left + j * cell + cell / 2}" y="{y + cell / 2 + 3}" text-anchor="middle" font-size="8" '
-                    f'font-family="system-ui, sans-serif" pointer-events="none">{value:.2f}</text>'
-                )
+                x, y_text = left + j * cell + cell / 2, y + cell / 2 + 3
+                parts.append(_text(x, y_text, f"{value:.2f}", "middle", ' pointer-events="none"', SMALL_FONT))
     width = left + cell * len(col_labels) + 8
     height = top + cell * len(row_labels) + 8
     return _svg(width, height, parts, label)
@@ -200,26 +193,20 @@ def scatter(
     parts = axes.frame(x_label, y_label)
     if zero_lines:
         if axes.x0 < 0 < axes.x1:
-            parts.append(
-                f'<line x1="{axes.x(0):.1f}" y1="{axes.top}" x2="{axes.x(0):.1f}" y2="{axes.y(axes.y0):.1f}" stroke="#bbb"/>'
-            )
+            parts.append(_line(axes.x(0), axes.top, axes.x(0), axes.y(axes.y0), "#bbb"))
         if axes.y0 < 0 < axes.y1:
-            parts.append(
-                f'<line x1="{axes.left}" y1="{axes.y(0):.1f}" x2="{axes.width - axes.right}" y2="{axes.y(0):.1f}" stroke="#bbb"/>'
-            )
+            parts.append(_line(axes.left, axes.y(0), axes.width - axes.right, axes.y(0), "#bbb"))
     for p in points:
         colour = p.get("colour", COLOURS[0])
         parts.append(
-            f'<circle cx="{axes.x(p["x"]):.1f}" cy="{axes.y(p["y"]):.1f}" r="{radius}" fill="{colour}" fill-opacity="0.75">'
-            f"<title>{esc(p.get('label', ''))}</title></circle>"
+            f'<circle cx="{axes.x(p["x"]):.1f}" cy="{axes.y(p["y"]):.1f}" r="{radius}" fill="{colour}" '
+            f'fill-opacity="0.75"><title>{esc(p.get("label", ""))}</title></circle>'
         )
         if p.get("text"):  # right of the point (left near the right edge), above it (below near the top)
             right = axes.x(p["x"]) > axes.width - 60
             x, anchor = axes.x(p["x"]) + (-6 if right else 6), "end" if right else "start"
             y = axes.y(p["y"]) + (14 if axes.y(p["y"]) < axes.top + 14 else -5)
-            parts.append(
-                f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" {FONT}>{esc(p["text"])}</text>'
-            )
+            parts.append(_text(x, y, esc(p["text"]), anchor))
     return _svg(axes.width, axes.height, parts, label)
 
 
@@ -232,16 +219,15 @@ def bars(items: list[tuple[str, float]], x_label: str, label: str = "bar chart")
     left, row, width = 8 + 7 * max(len(n) for n, _ in items), 20, 520
     scale = (width - left - 60) / (hi - lo)
     zero = left + (0 - lo) * scale
-    parts = [f'<line x1="{zero:.1f}" y1="0" x2="{zero:.1f}" y2="{row * len(items)}" stroke="#444"/>']
+    parts = [_line(zero, 0, zero, row * len(items), "#444")]
     for i, (name, value) in enumerate(items):
         x = zero + min(0, value) * scale
-        parts.append(f'<text x="{left - 4}" y="{i * row + 14}" text-anchor="end" {FONT}>{esc(name)}</text>')
+        parts.append(_text(left - 4, i * row + 14, esc(name), "end"))
         parts.append(
             f'<rect x="{x:.1f}" y="{i * row + 3}" width="{abs(value) * scale:.1f}" height="{row - 6}" '
-            f'fill="{COLOURS[0] if value >= 0 else COLOURS[1]}"><title>{esc(name)}: {value:.4f}</title></rect>'
+            f'fill="{COLOURS[0] if value >= 0 else COLOURS[1]}">'
+            f"<title>{esc(name)}: {value:.4f}</title></rect>"
         )
-        parts.append(
-            f'<text x="{zero + max(0, value) * scale + 4:.1f}" y="{i * row + 14}" {FONT}>{value:+.3f}</text>'
-        )
+        parts.append(_text(zero + max(0, value) * scale + 4, i * row + 14, f"{value:+.3f}"))
     parts.append(f'<text x="{left}" y="{row * len(items) + 16}" {FONT}>{esc(x_label)}</text>')
     return _svg(width, row * len(items) + 22, parts, label)

@@ -1,0 +1,373 @@
+"""One report section per analysis, each rendering its typed result (:mod:`qkov.results`) and
+nothing else: no thresholds, no computation beyond formatting. Captions are written from the data
+they describe. :data:`SECTIONS` lists them in page order, keyed by the ``Results`` field they show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
+from qkov.report.svg import bars, esc, heatmap, line_chart, scatter, sequential
+from qkov.results import AttentionExample, Claim, Results, SkipTrigramBugRow, SkipTrigramRow
+
+BLUE, RED = "#1f77b4", "#d62728"
+
+
+def claims_section(claims: list[Claim]) -> str:
+    rows = [[c.claim, c.paper, c.measured, c.rule, "yes" if c.holds else "no"] for c in claims]
+    classes = ["holds" if c.holds else "fails" for c in claims]
+    held = sum(c.holds for c in claims)
+    return (
+        f'<section id="claims"><h2>Claims: {held} of {len(claims)} hold</h2>'
+        + table(["claim", "paper", "measured here", "holds when", "holds"], rows, classes)
+        + "</section>"
+    )
+
+
+def model_header(r: Results) -> str:
+    settings = ", ".join(f"{k} {v}" for k, v in r.config.to_dict().items())
+    return f"<p class='small'>{esc(settings)}</p>"
+
+
+def training_section(r: Results) -> str:
+    log = r.training
+    if not log:
+        return ""
+    loss = {
+        "train loss": [(row.tokens, row.train_loss) for row in log],
+        "eval loss": [(row.tokens, row.eval_loss) for row in log],
+    }
+    change = r.phase_change
+    marks = [(change.onset_tokens, "10%"), (change.complete_tokens, "90%")] if change else []
+    chart = line_chart(loss, "tokens seen", "loss (nats)", marks, "training loss")
+    parts = [figure(chart, "Training and eval loss.")]
+    if any(row.induction_score is not None for row in log):
+        behaviour = {
+            "loss on 2nd repeat": [(row.tokens, row.repeat_loss_second) for row in log],
+            "loss on 1st repeat": [(row.tokens, row.repeat_loss_first) for row in log],
+        }
+        scores = {
+            "best induction score": [(row.tokens, row.induction_score) for row in log],
+            "best previous-token score": [(row.tokens, row.previous_token_score) for row in log],
+        }
+        charts = line_chart(
+            behaviour, "tokens seen", "loss (nats)", marks, "in-context loss during training"
+        ) + line_chart(scores, "tokens seen", "attention score", marks, "head scores during training")
+        parts.append(
+            figure(
+                charts,
+                "Loss on repeated random tokens and the best head scores during training; the dashed lines "
+                "mark where the best induction score passed 10% and 90% of its rise.",
+                "induction heads form in a sudden phase change, visible as a drop in the loss on repeated "
+                "tokens.",
+            )
+        )
+    return "<h3>Training</h3>" + "".join(parts)
+
+
+def bigram_section(r: Results) -> str:
+    b = r.bigram
+    if b is None:
+        return ""
+    s = r.tokens
+
+    def top(pairs: list[tuple[int, float]]) -> Raw:
+        return Raw(" ".join(f"{tok(s[t])}&nbsp;{p:.2f}" for t, p in pairs))
+
+    rows = [[tok(s[e.token]), e.count, top(e.corpus), top(e.model)] for e in b.examples]
+    correlation = "undefined" if b.correlation is None else f"{b.correlation:.3f}"
+    return (
+        "<h3>Direct path as a bigram table</h3>"
+        f"<p>Over the {b.tokens_compared} most common tokens: correlation of log P(next | current) between "
+        f"the direct path W<sub>E</sub>W<sub>U</sub> and the corpus {correlation} ({b.pairs_compared} "
+        f"pairs); KL(corpus || model) {b.kl:.3f} nats against a corpus conditional entropy of "
+        f"{b.corpus_entropy:.3f}.</p>"
+        + table(["token", "count", "corpus: top next tokens", "direct path: top next tokens"], rows)
+    )
+
+
+def heads_section(r: Results) -> str:
+    """Every head's scores side by side, from the copying and repeated-token results."""
+    if r.copying is None or r.repeated_tokens is None:
+        return ""
+    header = ["head", "OV copying (eigenvalues)", "self is top logit", "diagonal z"]
+    header += ["previous-token", "induction", "duplicate-token"]
+    rows = [
+        [c.name, c.copying_score, c.self_top1, c.diagonal_z]
+        + [b.previous_token_score, b.induction_score, b.duplicate_token_score]
+        for c, b in zip(r.copying.heads, r.repeated_tokens.heads, strict=True)
+    ]
+    t = r.repeated_tokens
+    losses = " / ".join(f"{x:.2f}" for x in t.loss_per_repeat)
+    return (
+        "<h3>Heads</h3>"
+        + table(header, rows)
+        + f"<p>Loss on {t.sequences} sequences of {t.period} random tokens repeated {t.repeats} times, "
+        f"per repeat: {losses} nats.</p>"
+    )
+
+
+def _eigenvalue_plot(name: str, score: float | None, eigenvalues: list[tuple[float, float]]) -> str:
+    limit = max((abs(complex(re, im)) for re, im in eigenvalues), default=1.0) or 1.0
+    points = [
+        {"x": re, "y": im, "label": f"{re:+.3g}{im:+.3g}i", "colour": BLUE if re >= 0 else RED}
+        for re, im in eigenvalues
+    ]
+    plot = scatter(
+        points, "Re λ", "Im λ", (-limit, limit), (-limit, limit), f"eigenvalues of {name}", 220, 200, 2.5
+    )
+    score_text = "undefined" if score is None else f"{score:+.2f}"
+    return f"<div><div class='small'>{esc(name)}: score {score_text}</div>{plot}</div>"
+
+
+def copying_section(r: Results) -> str:
+    c = r.copying
+    if c is None:
+        return ""
+    plots = "".join(_eigenvalue_plot(h.name, h.copying_score, h.eigenvalues) for h in c.heads)
+    points = [{"x": x, "y": 0.0, "label": f"random: {x:+.3f}", "colour": "#999999"} for x in c.baseline]
+    for i, h in enumerate(h for h in c.heads if h.copying_score is not None):
+        colour = RED if h.copies else BLUE
+        label = f"{h.name}: {h.copying_score:+.3f}"  # staggered rows keep close scores readable
+        points.append(
+            {"x": h.copying_score, "y": 0.8 + 0.2 * (i % 3), "label": label, "text": h.name, "colour": colour}
+        )
+    x_label = "copying score (0: random, 1: heads; red: above the 99th percentile)"
+    against = scatter(
+        points, x_label, "", (-1, 1), (-0.5, 1.5), "copying scores against the random baseline", 700, 180
+    )
+    caption = (
+        "Top: each head's copying score (row 1) against the scores of random matrices of the same shapes "
+        f"(row 0). Below: eigenvalues of each head's full OV circuit W_E W_V W_O W_U. {c.copying_heads} of "
+        f"{len(c.heads)} heads score above {c.threshold:+.2f}, the 99th percentile of random matrices of the "
+        f"same shapes (mean {c.baseline_mean:+.2f})."
+    )
+    claim = "most one-layer heads copy: their OV eigenvalues are mostly positive (10 of 12 heads)."
+    return figure(against + f"<div class='grid'>{plots}</div>", caption, claim)
+
+
+def _static_pattern(name: str, pattern: list[list[float]]) -> str:
+    n = len(pattern)
+    cells = "".join(
+        f'<rect x="{s * 3}" y="{d * 3}" width="3" height="3" fill="{sequential(w)}"/>'
+        for d, row in enumerate(pattern)
+        for s, w in enumerate(row)
+        if w > 0.02
+    )
+    return (
+        f"<div><div class='small'>{esc(name)}</div><svg class='figure pattern' role='img' "
+        f"aria-label='pattern {esc(name)}' width='{n * 3}' height='{n * 3}' viewBox='0 0 {n * 3} {n * 3}' "
+        f"xmlns='http://www.w3.org/2000/svg'><rect width='{n * 3}' height='{n * 3}' fill='white' "
+        f"stroke='#ccc'/>{cells}</svg></div>"
+    )
+
+
+def _attention_figure(example: AttentionExample, strings: list[str]) -> str:
+    data = {"strings": [shown(strings[t]) for t in example.tokens], "patterns": example.patterns}
+    viewer = (
+        f"<div class='attention-viewer'><script type='application/json'>{json_for_script(data)}</script>"
+        "<div class='heads'></div><div class='status small'></div><div class='tokens'></div></div>"
+    )
+    static = "".join(_static_pattern(name, pattern) for name, pattern in example.patterns.items())
+    return figure(
+        viewer + f"<div class='grid'>{static}</div>",
+        f"Attention on {example.description}. Pick a head and hover a token to see where it attends (needs "
+        "JavaScript); below, every head's pattern (rows: destination, columns: source).",
+        "previous-token heads attend one back; induction heads attend to the token after the earlier "
+        "occurrence of the current token (an off-diagonal stripe one period back).",
+    )
+
+
+def attention_section(r: Results) -> str:
+    a = r.attention_examples
+    if a is None:
+        return ""
+    examples = [a.repeated] + ([a.corpus] if a.corpus is not None else [])
+    return "<h3>Attention patterns</h3>" + "".join(_attention_figure(e, r.tokens) for e in examples)
+
+
+def position_content_section(r: Results) -> str:
+    terms = r.qk_position_content
+    if not terms:
+        return ""
+    names = list(next(iter(terms.values())))
+    rows = [[name, *(terms[term][name] for term in terms)] for name in names]
+    return (
+        "<h3>Position versus content in the attention scores</h3>"
+        + table(["head", *(term.replace("_", "-") for term in terms)], rows)
+        + "<p class='small'>Root mean square of each token/position term of every head's attention "
+        "scores (query side first): where a head looks by content, by position, or by both.</p>"
+    )
+
+
+def _trigram_table(rows: list[SkipTrigramRow], bugs: list[SkipTrigramBugRow]) -> str:
+    if not rows:
+        return "<p class='small'>No skip-trigram: no destination prefers any source (a flat QK circuit).</p>"
+    bug_pairs = {(b.source, d, o) for b in bugs for d, o in (b.first, b.second)}
+    shown_rows = rows[:12]
+    cells = [
+        [tok(t.source_str), tok(t.destination_str), tok(t.out_str), t.qk, t.ov, t.strength]
+        for t in shown_rows
+    ]
+    classes = ["bug" if (t.source, t.destination, t.out) in bug_pairs else "" for t in shown_rows]
+    return table(["source …", "destination", "→ out", "QK", "OV", "strength"], cells, classes)
+
+
+def _crossed(bug: SkipTrigramBugRow) -> Raw:
+    lines = []
+    for c in bug.crossed:
+        seen = {None: "", True: " seen in corpus", False: " <span class='never'>never in corpus</span>"}
+        line = f"{tok(c.destination_str)} → {tok(c.out_str)} (strength {c.strength:.2f})"
+        lines.append(line + seen[c.in_corpus])
+    return Raw("<br>".join(lines))
+
+
+def _bug_table(bugs: list[SkipTrigramBugRow]) -> str:
+    if not bugs:
+        return ""
+    rows = [
+        [tok(b.source_str), Raw(" and ".join(f"{tok(d)} → {tok(o)}" for d, o in (b.first_str, b.second_str)))]
+        + [_crossed(b)]
+        for b in bugs[:5]
+    ]
+    return (
+        "<p class='small'>Bugs: pairs of strong skip-trigrams sharing a source force the crossed ones.</p>"
+        + table(["source", "strong (destination, out) pairs", "forced crossings"], rows)
+    )
+
+
+def skip_trigram_section(r: Results) -> str:
+    st = r.skip_trigrams
+    if st is None:
+        return ""
+    parts = ["<h3>Skip-trigrams</h3>"]
+    for name, rows in st.tables.items():
+        bugs = st.bugs.get(name, [])
+        parts.append(f"<h4>{esc(name)}</h4>" + _trigram_table(rows, bugs) + _bug_table(bugs))
+    parts.append(
+        "<p class='claim'>Paper: one-layer heads implement skip-trigrams [source] … [destination] → [out], "
+        'and because QK and OV factor through the source, strong pairs force crossed ones ("keep … in '
+        'mind", "keep … at bay" → "keep … in bay").</p>'
+    )
+    return "".join(parts)
+
+
+def _head_key(name: str) -> tuple[int, int]:
+    layer, head = name[1:].split("H")
+    return int(layer), int(head)
+
+
+def composition_section(r: Results) -> str:
+    c = r.composition
+    if c is None:
+        return ""
+    figures = []
+    for kind, pairs in (("Q", c.Q), ("K", c.K), ("V", c.V)):
+        writers = sorted({p.writer for p in pairs}, key=_head_key)
+        readers = sorted({p.reader for p in pairs}, key=_head_key)
+        for title, value in (("baseline subtracted", lambda p: p.score), ("raw", lambda p: p.raw)):
+            grid = {(p.writer, p.reader): value(p) for p in pairs}
+            values = [[grid.get((w, rd)) for rd in readers] for w in writers]
+            chart = heatmap(values, writers, readers, label=f"{kind}-composition {title}")
+            figures.append(f"<div><div class='small'>{kind}-composition, {title}</div>{chart}</div>")
+    return figure(
+        f"<div class='grid'>{''.join(figures)}</div>",
+        f"Composition scores, rows: earlier head, columns: later head. The baseline ({c.baseline:.3f}) is "
+        "the expected score of random heads of the same shapes; TransformerLens reports the raw score.",
+        "only K-composition with the previous-token head stands out (the corrected paper adds that the "
+        "Q- and V-composition seen earlier came from a bug in its low-rank library).",
+    )
+
+
+def induction_section(r: Results) -> str:
+    rows, t = r.induction_check, r.repeated_tokens
+    if not rows or t is None:
+        return ""
+    scores = {h.name: h.induction_score for h in t.heads}
+    points = []
+    for row in rows:
+        copying = row.ov_copying if row.ov_copying is not None else 0.0
+        label = (
+            f"{row.head}: copying {copying:+.2f}, K-composition with {row.writer} "
+            f"{row.k_composition_positivity:+.2f}, induction {scores[row.head] or 0.0:.2f}"
+        )
+        colour = RED if row.head in t.induction_heads else BLUE
+        points.append(
+            {
+                "x": copying,
+                "y": row.k_composition_positivity,
+                "label": label,
+                "text": row.head,
+                "colour": colour,
+            }
+        )
+    plot = scatter(
+        points,
+        "OV copying score",
+        "K-composition positivity (best earlier head)",
+        (-1, 1),
+        (-1, 1),
+        "induction corner plot",
+    )
+    return figure(
+        plot,
+        "Each later-layer head: its OV copying score against the eigenvalue positivity of its token-level "
+        "K-composition term with the earlier head that gives the strongest (red: induction score above "
+        f"{t.induction_threshold}).",
+        "induction heads sit in the top-right corner: they copy, and match 'same token' through the "
+        "previous-token head.",
+    )
+
+
+def ablation_section(r: Results) -> str:
+    effects = r.ablation
+    if not effects:
+        return ""
+    later = sorted({name for e in effects for name in e.induction_change}, key=_head_key)
+    rows = [f"{e.head} ({e.mode})" for e in effects]
+    values = [[e.induction_change.get(name) for name in later] + [e.loss_change[-1]] for e in effects]
+    return figure(
+        heatmap(values, rows, later + ["loss, last repeat"], label="ablation effects"),
+        "Change in each later head's induction score (and in the loss on the last repeat) when an earlier "
+        "head's write is replaced by zero or by its mean.",
+        "ablating the previous-token head breaks the induction heads.",
+    )
+
+
+def term_importance_section(r: Results) -> str:
+    t = r.term_importance
+    if t is None:
+        return ""
+    order_bars = [(f"order {n + 1}", m) for n, m in enumerate(t.marginal)]
+    head_bars = [
+        (f"L{layer}H{head}", v)
+        for layer, row in enumerate(t.first_order_by_head)
+        for head, v in enumerate(row)
+    ]
+    losses = ", ".join(f"order ≤ {n}: {v:.3f}" for n, v in enumerate(t.loss_by_order))
+    charts = bars(
+        order_bars, "loss reduction (nats) when the paths of this order are added", "term importance by order"
+    ) + bars(head_bars, "loss reduction of each head's first-order term alone", "first-order terms by head")
+    return figure(
+        charts,
+        f"Term importance on {t.tokens}: loss with paths up to each order kept ({losses}).",
+        "the direct path and first-order terms carry most of the loss reduction; virtual heads (second "
+        "order) matter little.",
+    )
+
+
+# Page order; keyed by the Results field each one shows ("heads" joins copying and repeated_tokens).
+SECTIONS: dict[str, Callable[[Results], str]] = {
+    "training": training_section,
+    "bigram": bigram_section,
+    "repeated_tokens": heads_section,
+    "copying": copying_section,
+    "skip_trigrams": skip_trigram_section,
+    "attention_examples": attention_section,
+    "qk_position_content": position_content_section,
+    "composition": composition_section,
+    "induction_check": induction_section,
+    "ablation": ablation_section,
+    "term_importance": term_importance_section,
+}

@@ -1,0 +1,35 @@
+"""The direct path against a corpus' bigram statistics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import qkov
+from qkov.circuits.bigrams import BigramCounts, compare_bigrams
+
+
+def test_a_perfect_bigram_table_has_zero_kl_and_full_correlation():
+    V = 6
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, V, 5000)
+    counts = BigramCounts.of(tokens, V)
+    table = np.zeros((V, V))
+    table[counts.current, counts.next] = counts.counts
+    log_p = np.log(table / table.sum(1, keepdims=True))
+    cfg = qkov.Config(
+        n_layers=0, n_heads=1, d_model=V, d_head=1, d_vocab=V, n_ctx=4, positional_embedding="none"
+    )
+    model = qkov.AttnOnlyTransformer(cfg)
+    with torch.no_grad():
+        model.W_E.copy_(torch.eye(V))
+        model.W_U.copy_(torch.from_numpy(log_p).float())
+    result = compare_bigrams(model, counts)
+    assert result.kl == pytest.approx(0.0, abs=1e-6)
+    assert result.correlation == pytest.approx(1.0, abs=1e-6)
+    assert result.corpus_entropy == pytest.approx(math.log(V), abs=0.01)
+    top = result.examples[0]
+    assert [t for t, _ in top.corpus] == [t for t, _ in top.model]

@@ -1,0 +1,123 @@
+"""The typed results: today's analysis gives the numbers the untyped version gave (field by field,
+on four models), results.json round-trips through load_results, other schema versions and broken
+files are refused with one line, and the shipped JSON Schema is the one the types generate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qkov.analyze import analyze
+from qkov.errors import QkovError
+from qkov.results import SCHEMA_FILE, Results, load_results, schema_text, to_json, write_results
+
+from golden import cases
+
+DATA = Path(__file__).parent / "data"
+
+
+def old_layout(new: dict) -> dict:
+    """The typed results, rearranged into the untyped layout of the reference files."""
+    heads = [
+        {k: v for k, v in c.items() if k not in ("eigenvalues", "copies")} | b
+        for c, b in zip(new["copying"]["heads"] if new["copying"] else [], _heads(new), strict=True)
+    ]
+    old = {k: new[k] for k in ("config", "tokens", "training", "phase_change")} | {"heads": heads}
+    old |= {k: new[k] for k in ("bigram", "qk_position_content", "term_importance", "ablation") if new[k]}
+    if new["copying"]:
+        c = new["copying"]
+        old["copying"] = {k: c[k] for k in ("baseline_mean", "threshold", "baseline", "copying_heads")}
+        old["copying"]["eigenvalues"] = {h["name"]: h["eigenvalues"] for h in c["heads"]}
+    if new["repeated_tokens"]:
+        t = new["repeated_tokens"]
+        old["in_context_loss"] = {"repeats": t["loss_per_repeat"], "period": t["period"]}
+        old["in_context_loss"]["sequences"] = t["sequences"]
+        examples = new["attention_examples"]
+        old["attention_examples"] = {
+            key: {"tokens": e["tokens"], "patterns": e["patterns"]} for key, e in examples.items() if e
+        }
+    if new["qk_position_content"] is None and new["copying"]:
+        old["qk_position_content"] = None
+    if new["skip_trigrams"]:
+        old["skip_trigrams"] = new["skip_trigrams"]["tables"]
+        old["skip_trigram_bugs"] = new["skip_trigrams"]["bugs"]
+    if new["composition"]:
+        rename = {"writer": "from", "reader": "to"}
+        old["composition"] = {
+            kind: [{rename.get(k, k): v for k, v in pair.items()} for pair in new["composition"][kind]]
+            for kind in "QKV"
+        }
+        old["induction_check"] = [
+            {("with" if k == "writer" else k): v for k, v in row.items()} for row in new["induction_check"]
+        ]
+    return old
+
+
+def _heads(new: dict) -> list[dict]:
+    if not new["repeated_tokens"]:
+        return []
+    return [
+        {k: v for k, v in h.items() if k not in ("name", "layer", "head")}
+        for h in new["repeated_tokens"]["heads"]
+    ]
+
+
+@pytest.fixture(scope="module")
+def analysed() -> dict[str, Results]:
+    return {
+        name: analyze(model, corpus, log, show_progress=False, seed=0)
+        for name, (model, corpus, log) in cases().items()
+    }
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_the_numbers_are_the_untyped_versions(analysed, name):
+    reference = json.loads((DATA / f"results_{name}.json").read_text())
+    assert old_layout(json.loads(to_json(analysed[name]))) == reference
+
+
+def test_results_round_trip_through_the_file(analysed, tmp_path):
+    for name, results in analysed.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        loaded = load_results(write_results(results, folder))
+        assert isinstance(loaded, Results)
+        assert to_json(loaded) == to_json(results)
+    two = load_results(tmp_path / "2-layer-induction" / "results.json")
+    assert two.composition.K[0].writer == "L0H0" and two.repeated_tokens.induction_heads == ["L1H0"]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.pop("schema_version"), "schema_version None, but this qkov reads version 1"),
+        (lambda d: d.update(schema_version=2), "schema_version 2, but this qkov reads version 1"),
+        (lambda d: d["copying"].update(copying_heads="many"), "copying.copying_heads"),
+        (lambda d: d.pop("tokens"), "tokens: Field required"),
+    ],
+)
+def test_a_file_of_another_version_or_shape_is_refused_with_one_line(analysed, tmp_path, edit, message):
+    data = json.loads(to_json(analysed["2-layer-induction"]))
+    edit(data)
+    file = tmp_path / "results.json"
+    file.write_text(json.dumps(data))
+    with pytest.raises(QkovError, match="results.json: ") as err:
+        load_results(file)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_unreadable_file_is_one_line(tmp_path):
+    with pytest.raises(QkovError, match="cannot read results"):
+        load_results(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(QkovError, match="cannot read results"):
+        load_results(tmp_path / "bad.json")
+
+
+def test_the_shipped_schema_is_generated_from_the_types():
+    regenerate = "regenerate it: qkov schema > src/qkov/schema/results.schema.json"
+    assert SCHEMA_FILE.read_text() == schema_text(), regenerate
+    schema = json.loads(SCHEMA_FILE.read_text())
+    assert {"Results", "Reproduction", "Claim", "Composition"} <= set(schema["$defs"])
