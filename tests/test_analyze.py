@@ -14,7 +14,8 @@ from handbuilt import induction_model, pointer_arithmetic_model, skip_trigram_mo
 from qkov.analyze import analyze, phase_change
 from qkov.circuits.ablation import run_ablated
 from qkov.circuits.bigrams import BigramCounts, compare_bigrams
-from qkov.circuits.heads import copying_analysis, induction_scores
+from qkov.circuits.copying import copying_analysis
+from qkov.circuits.heads import induction_scores
 from qkov.circuits.skip_trigrams import (
     head_circuits,
     skip_trigram_bugs,

@@ -28,7 +28,8 @@ from qkov.circuits.composition import (
     composition_baseline,
     k_composition_positivity,
 )
-from qkov.circuits.heads import copying_analysis, duplicate_token_scores, previous_token_scores
+from qkov.circuits.copying import copying_analysis
+from qkov.circuits.heads import duplicate_token_scores, previous_token_scores
 from qkov.circuits.paths import term_importance
 from qkov.circuits.qk_ov import qk_term_rms, qk_terms
 from qkov.circuits.skip_trigrams import (
