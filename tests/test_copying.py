@@ -187,3 +187,12 @@ def test_positive_eigenvalues_without_copying_are_a_disagreement():
     assert rows[0].copying_score == pytest.approx(1.0) and rows[0].self_top1 == pytest.approx(1 / V)
     with pytest.raises(qkov.QkovError, match="OV spectra"):
         qkov.compare_copying(qkov.head_spectra(model, "QK"), qkov.direct_copying(model, progress=False))
+
+
+def test_the_row_budget_is_exact_for_small_models_and_samples_a_50k_vocabulary():
+    small = qkov.Config(n_layers=2, n_heads=4, d_model=128, d_head=32, d_vocab=4096, n_ctx=128)
+    gpt2 = qkov.Config(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024)
+    assert copying.sample_rows_for(small) is None
+    rows = copying.sample_rows_for(gpt2)
+    assert 1000 < rows < 50257 and rows * 144 * 2 * 50257 * 64 <= copying.EXACT_FLOP_BUDGET["cpu"]
+    assert copying.sample_rows_for(gpt2, "cuda") is None

@@ -13,6 +13,7 @@ import qkov
 from qkov import FactoredMatrix
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SHARED_PROPERTY = settings(PROPERTY, max_examples=40)
 
 
 @st.composite
@@ -372,7 +373,7 @@ def shared_tolerance(sfm):
     return 1e-10 * max(float(np.prod(norms)), 1e-30)
 
 
-@PROPERTY
+@SHARED_PROPERTY
 @given(shared())
 def test_shared_factors_give_the_dense_norm_and_singular_values(sfm):
     product, tol = shared_dense(sfm), shared_tolerance(sfm)
@@ -386,7 +387,7 @@ def test_shared_factors_give_the_dense_norm_and_singular_values(sfm):
     close(expected[..., k:], np.zeros_like(expected[..., k:]), tol)  # nothing is left out
 
 
-@PROPERTY
+@SHARED_PROPERTY
 @given(shared(square=True))
 def test_shared_factors_give_the_dense_eigenvalues_and_trace(sfm):
     """Power sums of the eigenvalues (complex in general) are the traces of the dense powers."""

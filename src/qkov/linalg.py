@@ -485,11 +485,6 @@ class SharedFactoredMatrix:
         """Singular values of each ``L A B R``, descending, ``k = min(m, n, d, e, r)``."""
         return self.core.singular_values()
 
-    @property
-    def rank(self) -> Int[Tensor, "..."]:
-        """The numerical rank, with the tolerance of a dense ``torch.linalg.matrix_rank``."""
-        return numerical_rank(self.singular_values(), self.m, self.n)
-
     def eigenvalues(self) -> Complex[Tensor, "... k"]:
         """The eigenvalues of each square ``L A B R`` that can be nonzero, ``k = min(m, r)``:
         those of ``B (R L) A`` (``r x r``) when ``r <= m``, else of the (then small) product."""

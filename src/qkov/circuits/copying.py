@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from torch import Tensor
 
 from qkov.circuits.qk_ov import shared_full_ov_circuit
+from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.linalg import BLOCK_BYTES, FactoredMatrix, SharedFactoredMatrix
 from qkov.model import AttnOnlyTransformer
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 
 WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95% interval
 DEVICE_BLOCK_BYTES = 2**30  # rows scored at once on an accelerator: large matmuls keep it busy
+# Self ranks are exact (every row) up to this many multiply-adds x 2 of row products: 2 TFLOP is
+# about 15 s at one core's fp32 matmul rate (130-200 GFLOP/s measured, benchmarks/README.md); a GPU's
+# budget covers all 144 heads of GPT-2 small (46.5 TFLOP, under a minute at tens of TFLOP/s).
+EXACT_FLOP_BUDGET = {"cpu": 2e12, "cuda": 1e14}
 COPYING_SCORE_THRESHOLD = 0.5  # eigenvalues "say copying" above it (see compare_copying)
 DIAGONAL_Z_THRESHOLD = 1.0  # the direct measures "say copying" above it (see compare_copying)
 
@@ -119,7 +124,7 @@ def direct_copying(
     exact = sample_rows is None or sample_rows >= d_vocab
     rows = torch.arange(d_vocab) if exact else torch.randperm(d_vocab, generator=generator)[:sample_rows]
     device = torch.device(device)
-    diagonal_mean, diagonal_z = _diagonal_statistics(ov, device)
+    diagonal_mean, diagonal_z = diagonal_statistics(ov, device)
     ranks = _self_ranks(ov, rows.sort().values, device, progress)  # [heads, rows]
     n_layers, n_heads = ov.batch_shape
     out = []
@@ -138,6 +143,15 @@ def direct_copying(
             )
         )
     return out
+
+
+def sample_rows_for(cfg: Config, device: str | torch.device = "cpu") -> int | None:
+    """The ``sample_rows`` that keeps :func:`direct_copying` within ``EXACT_FLOP_BUDGET`` on
+    ``device``: None (every row, exact) when that fits, else as many rows as fit (each row of every
+    head costs ``2 d_vocab d_head`` FLOP)."""
+    budget = EXACT_FLOP_BUDGET["cpu" if torch.device(device).type == "cpu" else "cuda"]
+    per_row = cfg.n_layers * cfg.n_heads * 2 * cfg.d_vocab * cfg.d_head
+    return None if per_row * cfg.d_vocab <= budget else max(1, int(budget // per_row))
 
 
 def wilson_interval(successes: int, trials: int, z: float = WILSON_Z) -> tuple[float, float]:
@@ -159,19 +173,18 @@ def _head_factors(ov: SharedFactoredMatrix, device: torch.device) -> tuple[Tenso
     return ov.left.to(device), ov.right.to(device), W_V.to(device), W_O.to(device)
 
 
-def _diagonal_statistics(
+def diagonal_statistics(
     ov: SharedFactoredMatrix, device: torch.device
 ) -> tuple[Float[Tensor, "heads"], Float[Tensor, "heads"]]:
     """Every head's mean diagonal and mean diagonal z-score, from blocks of tokens at once for all
     heads: ``P = W_E[t] W_V`` and ``Q = W_U[:, t]^T W_O^T`` give the diagonal ``sum(P * Q)``; the row
     mean is ``P (W_O mean_o W_U)`` and the row's mean square ``P (W_O W_U W_U^T W_O^T / d_vocab) P^T``,
-    with ``W_U W_U^T = R^T R`` from the shared QR (so no row is built)."""
+    with the Gram matrix ``W_U W_U^T`` formed once (so no row is built)."""
     W_E, W_U, W_V, W_O = _head_factors(ov, device)
     heads, d_head = W_O.shape[:2]
     n = ov.n
     mean_direction = W_O @ W_U.mean(1)  # [heads, d_head]
-    core_B = ov.core.B.flatten(0, 1).to(device)  # W_O R_U^T, [heads, d_head, k]
-    second_moment = core_B @ core_B.mT / n  # [heads, d_head, d_head]
+    second_moment = W_O @ (W_U @ W_U.mT) @ W_O.mT / n  # [heads, d_head, d_head]
     W_V_flat, W_O_flat = W_V.flatten(1), W_O.permute(2, 0, 1).flatten(1)  # [d_model, heads * d_head]
     step = max(1, BLOCK_BYTES // (heads * d_head * W_E.element_size()))
     diagonal_sum = torch.zeros(heads, dtype=torch.float64, device=device)
