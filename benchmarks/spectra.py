@@ -101,12 +101,20 @@ def spectra(model: qkov.AttnOnlyTransformer, circuit: str, tl_layers: int) -> No
     theirs, t_tl, m_tl, r_tl = rated(lambda: tl_all_four(*tl_args))
     scale = n_heads / (tl_layers * model.cfg.n_heads)
     print(f"\n## All {n_heads} full {circuit} circuits: norm, singular values, eigenvalues, copying scores")
-    print(f"qkov (shared factors, construction included)  {t_ours:7.2f} s  {m_ours / MIB:7.0f} MiB peak")
+    meanwhile = "GFLOP/s matmul rate meanwhile"
     print(
-        f"qkov head_spectra(model, {circuit!r}, k=10)          {t_rows:7.2f} s  {m_rows / MIB:7.0f} MiB peak"
+        f"qkov (shared factors, construction included)  {t_ours:7.2f} s  {m_ours / MIB:7.0f} MiB peak", end=""
     )
+    print(f"  {r_ours / 1e9:4.0f} {meanwhile}")
+    print(
+        f"qkov head_spectra(model, {circuit!r}, k=10)          {t_rows:7.2f} s  {m_rows / MIB:7.0f} MiB peak",
+        end="",
+    )
+    print(f"  {r_rows / 1e9:4.0f} {meanwhile}")
     measured = f"measured on {tl_layers * model.cfg.n_heads} heads"
-    print(f"TransformerLens, {measured}: {t_tl:.2f} s, {m_tl / MIB:.0f} MiB peak")
+    print(
+        f"TransformerLens, {measured}: {t_tl:.2f} s, {m_tl / MIB:.0f} MiB peak, {r_tl / 1e9:.0f} {meanwhile}"
+    )
     if scale != 1:
         print(
             f"TransformerLens scaled x{scale:g} to {n_heads} heads   "

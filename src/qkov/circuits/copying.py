@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 
 WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95% interval
 DEVICE_BLOCK_BYTES = 2**30  # rows scored at once on an accelerator: large matmuls keep it busy
-# Self ranks are exact (every row) up to this many multiply-adds x 2 of row products: 2 TFLOP is
-# about 15 s at one core's fp32 matmul rate (130-200 GFLOP/s measured, benchmarks/README.md); a GPU's
-# budget covers all 144 heads of GPT-2 small (46.5 TFLOP, under a minute at tens of TFLOP/s).
+# Self ranks are exact (every row) up to this many FLOP of row products: 2 TFLOP is about 12 s of
+# one core's quiet fp32 matmul rate (164 GFLOP/s, benchmarks/README.md; the rank comparisons run at
+# about that rate too, benchmarks/spectra.py). A GPU's budget covers all 144 heads of GPT-2 small
+# (46.5 TFLOP, about a second of matmuls at tens of TFLOP/s).
 EXACT_FLOP_BUDGET = {"cpu": 2e12, "cuda": 1e14}
 COPYING_SCORE_THRESHOLD = 0.5  # eigenvalues "say copying" above it (see compare_copying)
 DIAGONAL_Z_THRESHOLD = 1.0  # the direct measures "say copying" above it (see compare_copying)
@@ -88,8 +89,9 @@ class DirectCopying:
     - ``self_rank_median``: the median over the scored rows of the token's 1-based rank in its
       own row, ties counted against it (``1 + #{o != t: M[t, o] >= M[t, t]}``);
     - ``self_top1``: the fraction of scored rows where the token's own logit is the row's strict
-      maximum; ``self_top1_ci`` its 95% Wilson interval when the rows are a random sample, None
-      when every row was scored (exact);
+      maximum; ``self_top1_ci`` its 95% Wilson interval when the rows are a random sample (drawn
+      without replacement, so the binomial interval is conservative), None when every row was
+      scored (exact);
     - ``rows``: how many rows were scored; ``exact``: whether that is all of them.
     """
 
@@ -173,6 +175,7 @@ def _head_factors(ov: SharedFactoredMatrix, device: torch.device) -> tuple[Tenso
     return ov.left.to(device), ov.right.to(device), W_V.to(device), W_O.to(device)
 
 
+@torch.no_grad()
 def diagonal_statistics(
     ov: SharedFactoredMatrix, device: torch.device
 ) -> tuple[Float[Tensor, "heads"], Float[Tensor, "heads"]]:
@@ -243,7 +246,7 @@ class CopyingAnalysis:
     - ``scores``: eigenvalue positivity ``Re(sum l) / sum |l|`` (``eigenvalues``: the ones it uses);
     - ``baseline``: the scores of random Gaussian factors of the same shapes (the null);
     - ``threshold``: the baseline's 99th percentile; a head above it copies significantly;
-    - ``self_top1``, ``diagonal_z``: the exact direct measures of :class:`DirectCopying`.
+    - ``self_top1``, ``diagonal_z``: the direct measures of :class:`DirectCopying`.
     """
 
     scores: Tensor
@@ -260,12 +263,15 @@ class CopyingAnalysis:
 
 @torch.no_grad()
 def copying_analysis(model: AttnOnlyTransformer, baseline_samples: int = 200) -> CopyingAnalysis:
-    """Copying scores (in float64), their random baseline and the exact direct measures, all
-    without building a ``d_vocab x d_vocab`` matrix."""
+    """Copying scores (in float64), their random baseline and the direct measures (exact within
+    ``EXACT_FLOP_BUDGET``, else from sampled rows: :func:`sample_rows_for`), all without building a
+    ``d_vocab x d_vocab`` matrix."""
     ov = shared_full_ov_circuit(model)
     eigenvalues = ov.to(torch.float64).eigenvalues()
     baseline = random_copying_scores(ov[0, 0].factored(), baseline_samples, torch.Generator().manual_seed(0))
-    direct = direct_copying(model, progress=False)
+    direct = direct_copying(
+        model, sample_rows_for(model.cfg), generator=torch.Generator().manual_seed(0), progress=False
+    )
     shape = ov.batch_shape
     return CopyingAnalysis(
         scores=eigenvalue_positivity(eigenvalues),
@@ -296,12 +302,15 @@ def compare_copying(spectra: list[HeadSpectrum], direct: list[DirectCopying]) ->
     OV circuit) against its direct measures, with a verdict from each.
 
     The rule: eigenvalues say "copying" when ``copying_score > COPYING_SCORE_THRESHOLD`` (0.5:
-    positive eigenvalues outweigh the rest three to one; random Gaussian heads stay well below it,
-    their 99th percentile is 0.21 at d_head 16 and 0.12 at d_head 64, benchmarks/spectra.py); the
-    direct measures say "copying" when ``diagonal_z > DIAGONAL_Z_THRESHOLD`` (1.0: on average a token's
-    own logit is raised one standard deviation of its row above the row's mean; random heads give
-    |z| < 0.02, a head with ``M = I`` gives ``sqrt(d_vocab - 1)``). The heads where the two verdicts
-    differ are those where the eigenvalue statistic misleads (``disagree``)."""
+    positive eigenvalues outweigh the rest three to one; random Gaussian heads stay well below it:
+    the 99th percentile of :func:`random_copying_scores` is 0.185 at d_head 16 and 0.053 at d_head 64,
+    d_vocab 4096, benchmarks/spectra.py); the direct measures say "copying" when
+    ``diagonal_z > DIAGONAL_Z_THRESHOLD`` (1.0: on average a token's own logit is raised one standard
+    deviation of its row above the row's mean; the 144 random heads of GPT-2 small's shapes give
+    ``|diagonal_z| <= 0.014``, a head with ``M = I`` gives ``sqrt(d_vocab - 1)``). The heads where the
+    verdicts differ (``disagree``) are where the eigenvalue statistic and the logits tell different
+    stories: positive eigenvalues of a matrix far from diagonal (a shear, ``I + 10 N``), or a strong
+    diagonal beside eigenvalues that large off-diagonal rotations make complex."""
     by_name = {row.name: row for row in direct}
     if sorted(by_name) != sorted(row.name for row in spectra):
         raise QkovError("the spectra and the direct measures are of different heads")
