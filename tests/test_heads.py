@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkov.circuits.heads import copying_analysis, induction_scores, previous_token_scores
+from qkov.circuits.heads import induction_scores, previous_token_scores
 
-from handbuilt import induction_model, skip_trigram_model
+from handbuilt import induction_model
 
 
 def shifted(n: int, offset: int) -> torch.Tensor:
@@ -49,12 +49,3 @@ def test_a_perfect_induction_head_scores_one():
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     assert float(induction_scores(cache, period=4)[1, 0]) == pytest.approx(1.0, abs=1e-4)
-
-
-def test_copying_and_anti_copying_heads():
-    model = skip_trigram_model([(5, 3, 9)])
-    copying = copying_analysis(model)
-    assert copying.scores[0].tolist() == pytest.approx([0.0, 1.0, -1.0], abs=1e-9)
-    assert copying.self_top1[0, 1] == 1.0 and copying.self_top1[0, 2] == 0.0
-    assert copying.diagonal_z[0, 1] > 3 and copying.diagonal_z[0, 2] < -3
-    assert copying.copying_heads == 1

@@ -72,10 +72,47 @@ def analysed() -> dict[str, Results]:
     }
 
 
+# Since the reference was written, the copying measures moved to circuits/copying.py: eigenvalues
+# from float64 cores of float64 factors (before: float64 eigenvalues of float32 products) and the
+# diagonal statistics streamed in the weights' float32, so copying numbers agree to float32
+# precision, not bit for bit; and self_top1 counts a token only when its own logit is its row's
+# strict maximum, so a head whose rows are constant no longer "copies" the token that sorts first.
+FLOAT_TOLERANCE = 1e-6
+ROUNDED = 1e-5  # eigenvalues are written to 5 decimals: a float32 difference can flip the last one
+KNOWN_CHANGES = {  # (now, before): heads whose rows are all zero but one (1-layer) or all zero
+    ("1-layer", "L0H0", "self_top1"): (0.0, 1 / 16),
+    ("2-layer-induction", "L0H0", "self_top1"): (0.0, 1 / 64),
+}
+
+
+def assert_same(new: object, old: object, where: str) -> None:
+    if isinstance(old, dict):
+        assert isinstance(new, dict) and set(new) == set(old), where
+        for key in old:
+            assert_same(new[key], old[key], f"{where}.{key}")
+    elif isinstance(old, list):
+        assert isinstance(new, list) and len(new) == len(old), where
+        for i, (a, b) in enumerate(zip(new, old, strict=True)):
+            assert_same(a, b, f"{where}[{i}]")
+    elif isinstance(old, float) and not isinstance(new, bool):
+        assert new == pytest.approx(
+            old, rel=FLOAT_TOLERANCE, abs=ROUNDED if "eigenvalues" in where else FLOAT_TOLERANCE
+        ), where
+    else:
+        assert new == old, where
+
+
 @pytest.mark.parametrize("name", list(cases()))
 def test_the_numbers_are_the_untyped_versions(analysed, name):
     reference = json.loads((DATA / f"results_{name}.json").read_text())
-    assert old_layout(json.loads(to_json(analysed[name]))) == reference
+    new = old_layout(json.loads(to_json(analysed[name])))
+    for head_new, head_old in zip(new["heads"], reference["heads"], strict=True):
+        for field in list(head_old):
+            change = KNOWN_CHANGES.get((name, head_old["name"], field))
+            if change is not None:
+                assert (head_new[field], head_old[field]) == pytest.approx(change)
+                head_new[field] = head_old[field]
+    assert_same(new, reference, name)
 
 
 def test_results_round_trip_through_the_file(analysed, tmp_path):

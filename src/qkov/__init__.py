@@ -16,6 +16,14 @@ from qkov.circuits.composition import (
     k_composition_circuit,
     k_composition_positivity,
 )
+from qkov.circuits.copying import (
+    CopyingComparison,
+    DirectCopying,
+    compare_copying,
+    copying_score,
+    direct_copying,
+    random_copying_scores,
+)
 from qkov.circuits.paths import (
     TermImportance,
     frozen_patterns,
@@ -31,29 +39,39 @@ from qkov.circuits.qk_ov import (
     qk_circuit,
     qk_term_rms,
     qk_terms,
+    shared_full_ov_circuit,
+    shared_full_qk_circuit,
 )
+from qkov.circuits.spectra import HeadSpectrum, head_spectra
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.linalg import FactoredMatrix, TopK, copying_score, random_copying_scores
+from qkov.linalg import FactoredMatrix, SharedFactoredMatrix, TopK
 from qkov.model import AttnOnlyTransformer
 from qkov.results import Reproduction, Results, load_results
 
 __all__ = [
     "AttnOnlyTransformer",
     "Config",
+    "CopyingComparison",
+    "DirectCopying",
     "FactoredMatrix",
+    "HeadSpectrum",
     "QKTerms",
     "QkovError",
     "Reproduction",
     "Results",
+    "SharedFactoredMatrix",
     "TermImportance",
     "TopK",
+    "compare_copying",
     "composition_baseline",
     "composition_scores",
     "copying_score",
+    "direct_copying",
     "frozen_patterns",
     "full_ov_circuit",
     "full_qk_circuit",
+    "head_spectra",
     "interop",
     "k_composition_circuit",
     "k_composition_positivity",
@@ -66,6 +84,8 @@ __all__ = [
     "qk_terms",
     "random_copying_scores",
     "save",
+    "shared_full_ov_circuit",
+    "shared_full_qk_circuit",
     "term_importance",
     "virtual_weights",
 ]

@@ -34,10 +34,10 @@ from qkov.circuits.composition import (
     composition_baseline,
     k_composition_positivity,
 )
+from qkov.circuits.copying import copying_analysis
 from qkov.circuits.heads import (
     INDUCTION_HEAD,
     PREVIOUS_TOKEN_HEAD,
-    copying_analysis,
     duplicate_token_scores,
     previous_token_scores,
 )

@@ -20,6 +20,7 @@ m, n]``).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -124,26 +125,33 @@ class FactoredMatrix:
         return FactoredMatrix(self.B.mT, self.A.mT)
 
     def __matmul__(self, other: Tensor | FactoredMatrix) -> FactoredMatrix | Tensor:
-        """``(A B) @ other``: factored for a matrix, dense for a vector. The result keeps the
-        smallest inner dimension available."""
+        """``(A B) @ other``: factored for a matrix, dense for a vector (one ``[..., m]`` vector per
+        matrix of the batch). The result keeps the smallest inner dimension available."""
         if isinstance(other, FactoredMatrix):
             return _chain(self, other)
         if not isinstance(other, Tensor):
             return NotImplemented
         if other.ndim == 1:
-            return self.A @ (self.B @ other)
+            if other.shape[0] != self.n:
+                raise QkovError(f"cannot multiply {tuple(self.shape)} by {tuple(other.shape)}")
+            return (self.A @ (self.B @ other)[..., None])[..., 0]
         if other.shape[-2] != self.n:
             raise QkovError(f"cannot multiply {tuple(self.shape)} by {tuple(other.shape)}")
+        _check_batches(self.shape, other.shape)
         return FactoredMatrix(self.A, self.B @ other) if self.r <= self.n else FactoredMatrix(self.AB, other)
 
     def __rmatmul__(self, other: Tensor) -> FactoredMatrix | Tensor:
-        """``other @ (A B)``: factored for a matrix, dense for a vector."""
+        """``other @ (A B)``: factored for a matrix, dense for a vector (one ``[..., n]`` vector per
+        matrix of the batch)."""
         if not isinstance(other, Tensor):
             return NotImplemented
         if other.ndim == 1:
-            return (other @ self.A) @ self.B
+            if other.shape[0] != self.m:
+                raise QkovError(f"cannot multiply {tuple(other.shape)} by {tuple(self.shape)}")
+            return ((other @ self.A)[..., None, :] @ self.B)[..., 0, :]
         if other.shape[-1] != self.m:
             raise QkovError(f"cannot multiply {tuple(other.shape)} by {tuple(self.shape)}")
+        _check_batches(other.shape, self.shape)
         return FactoredMatrix(other @ self.A, self.B) if self.r <= self.m else FactoredMatrix(other, self.AB)
 
     def __mul__(self, scalar: float | Tensor) -> FactoredMatrix:
@@ -224,15 +232,15 @@ class FactoredMatrix:
         U, S, Vh = torch.linalg.svd(core, full_matrices=False)
         return Q_A @ U, S, Vh @ Q_B.mT
 
+    def singular_values(self) -> Float[Tensor, "... k"]:
+        """The singular values of ``A @ B``, descending, ``k = min(m, n, r)``: those of the core."""
+        return torch.linalg.svdvals(self._core_only())
+
     @property
     def rank(self) -> Int[Tensor, "..."]:
         """The numerical rank of ``A @ B``, with the same tolerance as a dense
         ``torch.linalg.matrix_rank`` of the product (``S.max() * max(m, n) * eps``)."""
-        S = torch.linalg.svdvals(self._core_only())
-        if S.shape[-1] == 0:
-            return torch.zeros(self.batch_shape, dtype=torch.long)
-        tol = S.amax(-1, keepdim=True) * max(self.m, self.n) * torch.finfo(S.dtype).eps
-        return (S > tol).sum(-1)
+        return numerical_rank(self.singular_values(), self.m, self.n)
 
     def eigenvalues(self) -> Complex[Tensor, "... k"]:
         """Eigenvalues of the square product ``A @ B`` that can be nonzero, ``k = min(m, r)``.
@@ -333,6 +341,7 @@ def _chain(left: FactoredMatrix, right: FactoredMatrix) -> FactoredMatrix:
     ``r2``; the middle ``B1 A2`` (``r1 x r2``) is formed first when the cut is at ``r1`` or ``r2``."""
     if left.n != right.m:
         raise QkovError(f"cannot multiply {tuple(left.shape)} by {tuple(right.shape)}")
+    _check_batches(left.shape, right.shape)
     smallest = min(left.r, left.n, right.r)
     if smallest == left.n:
         return FactoredMatrix(left.AB, right.AB)
@@ -342,30 +351,153 @@ def _chain(left: FactoredMatrix, right: FactoredMatrix) -> FactoredMatrix:
     return FactoredMatrix(left.A @ middle, right.B)
 
 
-def copying_score(fm: FactoredMatrix) -> Float[Tensor, "..."]:
-    """``Re(sum l) / sum |l|`` over the eigenvalues ``l`` of each square matrix (section
-    "Detecting Copying Behavior"): near 1 when a head's OV circuit makes tokens raise their own
-    logits, near -1 when it lowers them. Defined as 0 for a zero matrix."""
-    return eigenvalue_positivity(fm.eigenvalues())
+def _check_batches(left: torch.Size, right: torch.Size) -> None:
+    """Leading dimensions of two matrix operands must broadcast (a clear error, not torch's)."""
+    try:
+        torch.broadcast_shapes(left[:-2], right[:-2])
+    except RuntimeError:
+        raise QkovError(
+            f"cannot multiply {tuple(left)} by {tuple(right)}: leading dimensions do not broadcast"
+        ) from None
 
 
-def eigenvalue_positivity(eigenvalues: Complex[Tensor, "... k"]) -> Float[Tensor, "..."]:
-    """``Re(sum l) / sum |l|`` of eigenvalues already computed (0 when they are all zero)."""
-    total = eigenvalues.abs().sum(-1)
-    score = eigenvalues.real.sum(-1) / torch.where(total > 0, total, 1.0)
-    return torch.where(total > 0, score, 0.0)
+def numerical_rank(S: Float[Tensor, "... k"], m: int, n: int) -> Int[Tensor, "..."]:
+    """How many singular values ``S`` (of an ``m x n`` matrix) exceed ``S.max() * max(m, n) * eps``,
+    the tolerance of a dense ``torch.linalg.matrix_rank``."""
+    if S.shape[-1] == 0:
+        return torch.zeros(S.shape[:-1], dtype=torch.long)
+    tol = S.amax(-1, keepdim=True) * max(m, n) * torch.finfo(S.dtype).eps
+    return (S > tol).sum(-1)
 
 
-def random_copying_scores(
-    fm: FactoredMatrix, n_samples: int = 100, generator: torch.Generator | None = None
-) -> Float[Tensor, "n_samples"]:
-    """The paper's baseline: :func:`copying_score` of ``n_samples`` products of Gaussian factors
-    of the same shapes as one matrix of ``fm`` (``[m, r] @ [r, n]``), whose eigenvalues spread like
-    a (Ginibre) random matrix's. Compare a head's score with this distribution."""
-    fm._require_square("a copying-score baseline")
-    scores = []
-    for _ in range(n_samples):  # one sample at a time: each can be 50257 x d_head
-        A = torch.randn(fm.m, fm.r, generator=generator, dtype=torch.float64)
-        B = torch.randn(fm.r, fm.n, generator=generator, dtype=torch.float64)
-        scores.append(copying_score(FactoredMatrix(A, B)))
-    return torch.stack(scores)
+def outer_root(X: Float[Tensor, "m d"]) -> Float[Tensor, "k d"]:
+    """``R`` with ``X = Q R`` (thin QR, ``Q`` orthonormal and never formed), ``k = min(m, d)``: so
+    ``X Y`` and ``R Y`` have the same singular values and Frobenius norm for every ``Y``, and
+    ``R^T R = X^T X`` (a square root of the Gram matrix, backward stable unlike one from the Gram)."""
+    return torch.linalg.qr(X, mode="r").R
+
+
+class SharedFactoredMatrix:
+    """The matrices ``L @ (A @ B) @ R``: a batch of :class:`FactoredMatrix` ``A @ B``
+    (``[..., d, e]``, inner dimension ``r``) between outer factors ``L [m, d]`` and ``R [e, n]`` that
+    every matrix of the batch shares.
+
+    Every full circuit has this form: the full OV circuit ``W_E (W_V W_O) W_U`` and the full QK
+    circuit ``W_E (W_Q W_K^T) W_E^T`` of all heads share ``W_E`` and ``W_U``. With thin QRs
+    ``L = Q_L R_L`` and ``R^T = Q_R R_R``, computed once for the whole batch,
+
+        ``L A B R = Q_L (R_L A)(B R_R^T) Q_R^T``,
+
+    so the norm and singular values of each ``m x n`` matrix are those of the ``d x e`` *core*
+    ``(R_L A)(B R_R^T)``; and for square products the nonzero eigenvalues and the trace are those
+    of the ``r x r`` matrix ``B (R L) A`` (``λ(XY) = λ(YX)``), with ``R L`` (``e x d``) computed once.
+    Nothing ``m`` or ``n`` long is built per matrix unless asked for (:meth:`factored`).
+    """
+
+    def __init__(
+        self, left: Float[Tensor, "m d"], inner: FactoredMatrix, right: Float[Tensor, "e n"]
+    ) -> None:
+        if not (isinstance(left, Tensor) and isinstance(right, Tensor) and isinstance(inner, FactoredMatrix)):
+            raise QkovError("SharedFactoredMatrix needs a tensor, a FactoredMatrix and a tensor")
+        if left.ndim != 2 or right.ndim != 2:
+            raise QkovError(
+                f"the shared outer factors must be matrices, got {tuple(left.shape)}, {tuple(right.shape)}"
+            )
+        if left.shape[1] != inner.m or inner.n != right.shape[0]:
+            raise QkovError(
+                f"cannot multiply {tuple(left.shape)} @ {tuple(inner.shape)} @ {tuple(right.shape)}"
+            )
+        dtype = torch.promote_types(torch.promote_types(left.dtype, right.dtype), inner.dtype)
+        self.left, self.right, self.inner = left.to(dtype), right.to(dtype), inner.to(dtype)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.inner.batch_shape
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.batch_shape, self.m, self.n))
+
+    @property
+    def m(self) -> int:
+        return self.left.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.right.shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inner.dtype
+
+    def __repr__(self) -> str:
+        return f"SharedFactoredMatrix(shape={tuple(self.shape)}, inner={self.inner.r}, dtype={self.dtype})"
+
+    def to(self, dtype: torch.dtype) -> SharedFactoredMatrix:
+        return SharedFactoredMatrix(self.left.to(dtype), self.inner.to(dtype), self.right.to(dtype))
+
+    def __getitem__(self, key: object) -> SharedFactoredMatrix:
+        """Index the leading dimensions only (``sfm[l, h]``: one head), sharing the outer factors."""
+        key = key if isinstance(key, tuple) else (key,)
+        if len(key) > len(self.batch_shape) or any(k is None or k is Ellipsis for k in key):
+            raise QkovError(f"a SharedFactoredMatrix of shape {tuple(self.shape)} is indexed by head only")
+        inner = FactoredMatrix(self.inner.A[key], self.inner.B[key])
+        return SharedFactoredMatrix(self.left, inner, self.right)
+
+    def factored(self) -> FactoredMatrix:
+        """``FactoredMatrix(L A, B R)``: the ``m``- and ``n``-long factors of every matrix, built (on
+        request: for the full circuits of all heads they can take gigabytes)."""
+        return FactoredMatrix(self.left @ self.inner.A, self.inner.B @ self.right)
+
+    @functools.cached_property
+    def core(self) -> FactoredMatrix:
+        """``(R_L A)(B R_R^T)``, ``[..., min(m, d), min(n, e)]``: the same singular values and
+        Frobenius norm as ``L A B R`` (``Q_L``, ``Q_R`` have orthonormal columns)."""
+        right_root = self._left_root if self._right_is_left_transposed else outer_root(self.right.mT)
+        return FactoredMatrix(self._left_root @ self.inner.A, self.inner.B @ right_root.mT)
+
+    @functools.cached_property
+    def _left_root(self) -> Tensor:
+        return outer_root(self.left)
+
+    @property
+    def _right_is_left_transposed(self) -> bool:
+        """``R`` is a transposed view of ``L`` (a full QK circuit): one QR serves both."""
+        t = self.left.mT
+        return (
+            self.right.data_ptr() == t.data_ptr()
+            and self.right.shape == t.shape
+            and (self.right.stride() == t.stride())
+        )
+
+    @functools.cached_property
+    def _cross(self) -> Float[Tensor, "e d"]:
+        """``R L``, computed once: the middle of every reordered product ``B (R L) A``."""
+        if self._right_is_left_transposed:
+            return self._left_root.mT @ self._left_root  # R^T R = L^T L
+        return self.right @ self.left
+
+    def norm(self) -> Float[Tensor, "..."]:
+        """The Frobenius norm of each ``L A B R``, exactly: that of its core."""
+        return self.core.norm()
+
+    def singular_values(self) -> Float[Tensor, "... k"]:
+        """Singular values of each ``L A B R``, descending, ``k = min(m, n, d, e, r)``."""
+        return self.core.singular_values()
+
+    def eigenvalues(self) -> Complex[Tensor, "... k"]:
+        """The eigenvalues of each square ``L A B R`` that can be nonzero, ``k = min(m, r)``:
+        those of ``B (R L) A`` (``r x r``) when ``r <= m``, else of the (then small) product."""
+        self._require_square("eigenvalues")
+        if self.inner.r > self.m:
+            return self.factored().eigenvalues()
+        return torch.linalg.eigvals(self.inner.B @ self._cross @ self.inner.A)
+
+    def trace(self) -> Float[Tensor, "..."]:
+        """``tr(L A B R) = tr(B (R L) A)``."""
+        self._require_square("trace")
+        return torch.einsum("...ij,...ji->...", self.inner.B @ self._cross, self.inner.A)
+
+    def _require_square(self, what: str) -> None:
+        if self.m != self.n:
+            raise QkovError(f"{what} needs a square matrix, got {self.m} x {self.n}")

@@ -26,9 +26,10 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
+from qkov.circuits.copying import copying_score
 from qkov.circuits.qk_ov import stacked_weights
 from qkov.errors import QkovError
-from qkov.linalg import FactoredMatrix, copying_score
+from qkov.linalg import FactoredMatrix
 from qkov.model import AttnOnlyTransformer
 from qkov.names import parse_head
 

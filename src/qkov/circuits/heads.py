@@ -1,6 +1,5 @@
-"""What each head does: copying by its OV circuit's eigenvalues (section "One-Layer
-Attention-Only Transformers"), and behavioural scores from attention patterns (section "Two-Layer
-Attention-Only Transformers": previous-token, duplicate-token and induction heads).
+"""What each head does, from attention patterns (section "Two-Layer Attention-Only Transformers":
+previous-token, duplicate-token and induction heads); copying is in :mod:`qkov.circuits.copying`.
 
 - A *previous-token* head attends from each position to the one before it.
 - An *induction* head, on a sequence that repeats with period ``L``, attends from a token in a
@@ -11,15 +10,11 @@ Scores are mean attention weights in ``[0, 1]``, one per head, ``[n_layers, n_he
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from qkov.circuits.qk_ov import full_ov_circuit
-from qkov.linalg import eigenvalue_positivity, random_copying_scores
-from qkov.model import ActivationCache, AttnOnlyTransformer
+from qkov.model import ActivationCache
 from qkov.names import hook_name
 
 # A head plays a role when its score passes these; the claims, the command's summary and the report
@@ -60,51 +55,3 @@ def duplicate_token_scores(cache: ActivationCache, period: int) -> Float[Tensor,
     """Mean attention to the previous occurrence of the same token (``src = dest - period``) on
     tokens repeating every ``period`` positions: a duplicate-token head."""
     return offset_attention(cache, offset=period, first_dest=period)
-
-
-@dataclass(frozen=True)
-class CopyingAnalysis:
-    """Copying by each head's full OV circuit ``W_E W_V W_O W_U`` (section "Copying / Primarily
-    Positive Eigenvalues"), ``[n_layers, n_heads]`` tensors:
-
-    - ``scores``: eigenvalue positivity ``Re(sum l) / sum |l|``;
-    - ``baseline``: the scores of random Gaussian factors of the same shapes (the null);
-    - ``threshold``: the baseline's 99th percentile; a head above it copies significantly;
-    - ``self_top1``: the fraction of tokens whose own logit is the one their attention raises most;
-    - ``diagonal_z``: the mean over tokens of ``(M[t, t] - mean_o M[t, o]) / std_o M[t, o]``.
-    """
-
-    scores: Tensor
-    eigenvalues: Tensor
-    baseline: Tensor
-    threshold: float
-    self_top1: Tensor
-    diagonal_z: Tensor
-
-    @property
-    def copying_heads(self) -> int:
-        return int((self.scores > self.threshold).sum())
-
-
-@torch.no_grad()
-def copying_analysis(model: AttnOnlyTransformer, baseline_samples: int = 200) -> CopyingAnalysis:
-    """Copying scores, their random baseline and the direct measures, all without building a
-    ``d_vocab x d_vocab`` matrix (the row statistics come from the factors)."""
-    full = full_ov_circuit(model).to(torch.float64)
-    baseline = random_copying_scores(full[0, 0], baseline_samples, torch.Generator().manual_seed(0))
-    _, top = full.topk_per_row(1)
-    self_top1 = (top[..., 0] == torch.arange(full.m)).double().mean(-1)
-    n = full.n
-    row_mean = full.A @ full.B.mean(-1, keepdim=True)  # [..., m, 1]
-    row_square = ((full.A @ (full.B @ full.B.mT)) * full.A).sum(-1, keepdim=True) / n
-    row_std = (row_square - row_mean.square()).clamp_min(1e-300).sqrt()
-    diagonal_z = ((full.diagonal()[..., None] - row_mean) / row_std).mean((-1, -2))
-    eigenvalues = full.eigenvalues()
-    return CopyingAnalysis(
-        scores=eigenvalue_positivity(eigenvalues),
-        eigenvalues=eigenvalues,
-        baseline=baseline,
-        threshold=float(baseline.quantile(0.99)),
-        self_top1=self_top1,
-        diagonal_z=diagonal_z,
-    )

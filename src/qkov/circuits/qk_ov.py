@@ -26,7 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from qkov.errors import QkovError
-from qkov.linalg import FactoredMatrix
+from qkov.linalg import FactoredMatrix, SharedFactoredMatrix
 from qkov.model import AttnOnlyTransformer
 
 
@@ -49,13 +49,19 @@ def ov_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
     return FactoredMatrix(stacked_weights(model, "W_V"), stacked_weights(model, "W_O"))
 
 
+def shared_full_ov_circuit(model: AttnOnlyTransformer) -> SharedFactoredMatrix:
+    """Every head's full OV circuit ``W_E (W_V W_O) W_U`` (paper: ``W_U W_OV W_E``) with ``W_E``
+    and ``W_U`` kept shared: norms, singular values and eigenvalues of all heads come from
+    ``d_model``-sized algebra, and no ``d_vocab``-long factor is built per head."""
+    return SharedFactoredMatrix(model.W_E, ov_circuit(model), model.W_U)
+
+
 def full_ov_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
     """Source token -> logits through each head alone: ``W_E W_V W_O W_U`` (paper:
     ``W_U W_OV W_E``), ``[n_layers, n_heads, d_vocab, d_vocab]``. Entry ``[s, o]`` is how much
-    attending to token ``s`` raises the logit of token ``o``."""
-    return FactoredMatrix(
-        model.W_E @ stacked_weights(model, "W_V"), stacked_weights(model, "W_O") @ model.W_U
-    )
+    attending to token ``s`` raises the logit of token ``o``. Its factors are ``d_vocab`` long
+    for every head; for spectra use :func:`shared_full_ov_circuit`."""
+    return shared_full_ov_circuit(model).factored()
 
 
 class QKTerms(NamedTuple):
@@ -71,14 +77,18 @@ class QKTerms(NamedTuple):
     pos_pos: FactoredMatrix
 
 
+def shared_full_qk_circuit(model: AttnOnlyTransformer) -> SharedFactoredMatrix:
+    """Every head's token-token attention scores ``W_E (W_Q W_K^T / sqrt(d_head)) W_E^T`` (paper:
+    ``W_E^T W_QK W_E``) with ``W_E`` kept shared (one QR of it serves both sides)."""
+    return SharedFactoredMatrix(model.W_E, qk_circuit(model) * model.cfg.d_head**-0.5, model.W_E.mT)
+
+
 def full_qk_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
     """Destination token x source token attention scores through each head:
     ``W_E W_Q W_K^T W_E^T / sqrt(d_head)`` (paper: ``W_E^T W_QK W_E``),
-    ``[n_layers, n_heads, d_vocab, d_vocab]``. Scaled, so entries are pre-softmax scores."""
-    scale = model.cfg.d_head**-0.5
-    return FactoredMatrix(
-        model.W_E @ stacked_weights(model, "W_Q") * scale, (model.W_E @ stacked_weights(model, "W_K")).mT
-    )
+    ``[n_layers, n_heads, d_vocab, d_vocab]``. Scaled, so entries are pre-softmax scores. For
+    spectra use :func:`shared_full_qk_circuit`."""
+    return shared_full_qk_circuit(model).factored()
 
 
 def qk_terms(model: AttnOnlyTransformer) -> QKTerms:

@@ -1,0 +1,335 @@
+"""Copying: does a head's OV circuit make an attended token raise its own logit? (section
+"One-Layer Attention-Only Transformers", "Copying / Primarily Positive Eigenvalues").
+
+Two kinds of evidence, both read off each head's full OV circuit ``M = W_E W_V W_O W_U`` (paper:
+``W_U W_OV W_E``; row ``s`` is what attending to token ``s`` does to the logits):
+
+- the paper's *eigenvalue* statistic ``Re(sum l) / sum |l|`` (:func:`copying_score`), cheap from
+  the ``d_head x d_head`` reordering, with a random baseline (:func:`random_copying_scores`);
+- *direct* measures over the full vocabulary (:func:`direct_copying`): the diagonal ``M[t, t]``
+  (each token's effect on its own logit), its z-score within the row, the token's rank among all
+  ``d_vocab`` entries of its row and how often it is the row's strict maximum (``self_top1``).
+
+:func:`compare_copying` sets them side by side and marks the heads where they disagree: the seeds'
+question "is the eigenvalue statistic a reliable test for copying?".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Complex, Float, Int
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from torch import Tensor
+
+from qkov.circuits.qk_ov import shared_full_ov_circuit
+from qkov.config import Config
+from qkov.errors import QkovError
+from qkov.linalg import BLOCK_BYTES, FactoredMatrix, SharedFactoredMatrix
+from qkov.model import AttnOnlyTransformer
+from qkov.names import head_name
+
+if TYPE_CHECKING:
+    from qkov.circuits.spectra import HeadSpectrum
+
+WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95% interval
+DEVICE_BLOCK_BYTES = 2**30  # rows scored at once on an accelerator: large matmuls keep it busy
+# Self ranks are exact (every row) up to this many FLOP of row products: 2 TFLOP is about 12 s of
+# one core's quiet fp32 matmul rate (164 GFLOP/s, benchmarks/README.md; the rank comparisons run at
+# about that rate too, benchmarks/spectra.py). A GPU's budget covers all 144 heads of GPT-2 small
+# (46.5 TFLOP, about a second of matmuls at tens of TFLOP/s).
+EXACT_FLOP_BUDGET = {"cpu": 2e12, "cuda": 1e14}
+COPYING_SCORE_THRESHOLD = 0.5  # eigenvalues "say copying" above it (see compare_copying)
+DIAGONAL_Z_THRESHOLD = 1.0  # the direct measures "say copying" above it (see compare_copying)
+
+
+# -- the eigenvalue statistic -------------------------------------------------------------------
+def copying_score(fm: FactoredMatrix | SharedFactoredMatrix) -> Float[Tensor, "..."]:
+    """``Re(sum l) / sum |l|`` over the eigenvalues ``l`` of each square matrix (section
+    "Detecting Copying Behavior"): near 1 when a head's OV circuit makes tokens raise their own
+    logits, near -1 when it lowers them. Defined as 0 for a zero matrix."""
+    return eigenvalue_positivity(fm.eigenvalues())
+
+
+def eigenvalue_positivity(eigenvalues: Complex[Tensor, "... k"]) -> Float[Tensor, "..."]:
+    """``Re(sum l) / sum |l|`` of eigenvalues already computed (0 when they are all zero)."""
+    total = eigenvalues.abs().sum(-1)
+    score = eigenvalues.real.sum(-1) / torch.where(total > 0, total, 1.0)
+    return torch.where(total > 0, score, 0.0)
+
+
+def random_copying_scores(
+    fm: FactoredMatrix, n_samples: int = 100, generator: torch.Generator | None = None
+) -> Float[Tensor, "n_samples"]:
+    """The paper's baseline: :func:`copying_score` of ``n_samples`` products of Gaussian factors
+    of the same shapes as one matrix of ``fm`` (``[m, r] @ [r, n]``), whose eigenvalues spread like
+    a (Ginibre) random matrix's. Compare a head's score with this distribution."""
+    fm._require_square("a copying-score baseline")
+    scores = []
+    for _ in range(n_samples):  # one sample at a time: each can be 50257 x d_head
+        A = torch.randn(fm.m, fm.r, generator=generator, dtype=torch.float64)
+        B = torch.randn(fm.r, fm.n, generator=generator, dtype=torch.float64)
+        scores.append(copying_score(FactoredMatrix(A, B)))
+    return torch.stack(scores)
+
+
+# -- the direct measures ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DirectCopying:
+    """One head's direct copying measures over its full OV circuit ``M`` (``d_vocab x d_vocab``).
+
+    - ``diagonal_mean``: the mean over tokens of ``M[t, t]``;
+    - ``diagonal_z``: the mean over tokens of ``(M[t, t] - mean_o M[t, o]) / std_o M[t, o]`` (the
+      row's mean and population standard deviation over all ``d_vocab`` entries; 0 for a
+      constant row). Both are always over every token, exactly;
+    - ``self_rank_median``: the median over the scored rows of the token's 1-based rank in its
+      own row, ties counted against it (``1 + #{o != t: M[t, o] >= M[t, t]}``);
+    - ``self_top1``: the fraction of scored rows where the token's own logit is the row's strict
+      maximum; ``self_top1_ci`` its 95% Wilson interval when the rows are a random sample (drawn
+      without replacement, so the binomial interval is conservative), None when every row was
+      scored (exact);
+    - ``rows``: how many rows were scored; ``exact``: whether that is all of them.
+    """
+
+    name: str
+    diagonal_mean: float
+    diagonal_z: float
+    self_rank_median: float
+    self_top1: float
+    self_top1_ci: tuple[float, float] | None
+    rows: int
+    exact: bool
+
+
+@torch.no_grad()
+def direct_copying(
+    model: AttnOnlyTransformer,
+    sample_rows: int | None = None,
+    device: str | torch.device = "cpu",
+    generator: torch.Generator | None = None,
+    progress: bool = True,
+) -> list[DirectCopying]:
+    """Every head's :class:`DirectCopying`, layer by layer. ``sample_rows=None`` scores every row
+    (exact; ``2 d_vocab^2 d_head`` FLOP per head, 46 TFLOP for GPT-2 small: use a GPU,
+    ``device="cuda"``); an integer scores that many rows drawn without replacement (the same rows for
+    every head, from ``generator``), each row exact, with a confidence interval. Rows stream in
+    blocks (a progress bar on stderr unless ``progress=False``); no ``d_vocab x d_vocab`` matrix
+    and no ``[heads, d_vocab, d_head]`` factor is built."""
+    ov = shared_full_ov_circuit(model)
+    d_vocab = ov.m
+    if sample_rows is not None and sample_rows < 1:
+        raise QkovError(f"sample_rows must be a positive number of rows, got {sample_rows}")
+    exact = sample_rows is None or sample_rows >= d_vocab
+    rows = torch.arange(d_vocab) if exact else torch.randperm(d_vocab, generator=generator)[:sample_rows]
+    device = torch.device(device)
+    diagonal_mean, diagonal_z = diagonal_statistics(ov, device)
+    ranks = _self_ranks(ov, rows.sort().values, device, progress)  # [heads, rows]
+    n_layers, n_heads = ov.batch_shape
+    out = []
+    for index in range(n_layers * n_heads):
+        top1 = int((ranks[index] == 1).sum())
+        out.append(
+            DirectCopying(
+                name=head_name(*divmod(index, n_heads)),
+                diagonal_mean=float(diagonal_mean[index]),
+                diagonal_z=float(diagonal_z[index]),
+                self_rank_median=float(ranks[index].double().quantile(0.5)),
+                self_top1=top1 / len(rows),
+                self_top1_ci=None if exact else wilson_interval(top1, len(rows)),
+                rows=len(rows),
+                exact=exact,
+            )
+        )
+    return out
+
+
+def sample_rows_for(cfg: Config, device: str | torch.device = "cpu") -> int | None:
+    """The ``sample_rows`` that keeps :func:`direct_copying` within ``EXACT_FLOP_BUDGET`` on
+    ``device``: None (every row, exact) when that fits, else as many rows as fit (each row of every
+    head costs ``2 d_vocab d_head`` FLOP)."""
+    budget = EXACT_FLOP_BUDGET["cpu" if torch.device(device).type == "cpu" else "cuda"]
+    per_row = cfg.n_layers * cfg.n_heads * 2 * cfg.d_vocab * cfg.d_head
+    return None if per_row * cfg.d_vocab <= budget else max(1, int(budget // per_row))
+
+
+def wilson_interval(successes: int, trials: int, z: float = WILSON_Z) -> tuple[float, float]:
+    """The Wilson score interval for a binomial proportion (95% for the default ``z``): unlike
+    the normal approximation it stays inside [0, 1] and is not empty at 0 or ``trials`` successes."""
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
+    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact ends: no rounding residue
+    high = 1.0 if successes == trials else min(1.0, centre + half)
+    return low, high
+
+
+def _head_factors(ov: SharedFactoredMatrix, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``W_E``, ``W_U`` on the device, and every head's ``W_V`` ``[d_model, heads, d_head]`` and
+    ``W_O`` ``[heads, d_head, d_model]`` flattened over layers."""
+    W_V = ov.inner.A.flatten(0, 1).permute(1, 0, 2)
+    W_O = ov.inner.B.flatten(0, 1)
+    return ov.left.to(device), ov.right.to(device), W_V.to(device), W_O.to(device)
+
+
+@torch.no_grad()
+def diagonal_statistics(
+    ov: SharedFactoredMatrix, device: torch.device
+) -> tuple[Float[Tensor, "heads"], Float[Tensor, "heads"]]:
+    """Every head's mean diagonal and mean diagonal z-score, from blocks of tokens at once for all
+    heads: ``P = W_E[t] W_V`` and ``Q = W_U[:, t]^T W_O^T`` give the diagonal ``sum(P * Q)``; the row
+    mean is ``P (W_O mean_o W_U)`` and the row's mean square ``P (W_O W_U W_U^T W_O^T / d_vocab) P^T``,
+    with the Gram matrix ``W_U W_U^T`` formed once (so no row is built)."""
+    W_E, W_U, W_V, W_O = _head_factors(ov, device)
+    heads, d_head = W_O.shape[:2]
+    n = ov.n
+    mean_direction = W_O @ W_U.mean(1)  # [heads, d_head]
+    second_moment = W_O @ (W_U @ W_U.mT) @ W_O.mT / n  # [heads, d_head, d_head]
+    W_V_flat, W_O_flat = W_V.flatten(1), W_O.permute(2, 0, 1).flatten(1)  # [d_model, heads * d_head]
+    step = max(1, BLOCK_BYTES // (heads * d_head * W_E.element_size()))
+    diagonal_sum = torch.zeros(heads, dtype=torch.float64, device=device)
+    z_sum = torch.zeros(heads, dtype=torch.float64, device=device)
+    for start in range(0, ov.m, step):
+        P = (W_E[start : start + step] @ W_V_flat).unflatten(1, (heads, d_head))  # [b, heads, d_head]
+        Q = (W_U[:, start : start + step].mT @ W_O_flat).unflatten(1, (heads, d_head))
+        diagonal = (P * Q).sum(-1)  # [b, heads]
+        mean = torch.einsum("bhr,hr->bh", P, mean_direction)
+        square = torch.einsum("hbr,hbr->bh", P.transpose(0, 1) @ second_moment, P.transpose(0, 1))
+        std = (square - mean.square()).clamp_min(0).sqrt()
+        z = torch.where(std > 0, (diagonal - mean) / torch.where(std > 0, std, 1), 0)
+        diagonal_sum += diagonal.sum(0, dtype=torch.float64)
+        z_sum += z.sum(0, dtype=torch.float64)
+    return (diagonal_sum / ov.m).cpu(), (z_sum / ov.m).cpu()
+
+
+def _self_ranks(
+    ov: SharedFactoredMatrix, rows: Int[Tensor, "rows"], device: torch.device, progress: bool
+) -> Int[Tensor, "heads rows"]:
+    """Each token's 1-based rank in its own row (ties against it), head by head, the rows of the
+    product ``(W_E[rows] W_V)(W_O W_U)`` computed a block at a time into one reused buffer."""
+    W_E, W_U, W_V, W_O = _head_factors(ov, device)
+    heads = W_O.shape[0]
+    block_bytes = BLOCK_BYTES if device.type == "cpu" else DEVICE_BLOCK_BYTES
+    step = max(1, min(len(rows), block_bytes // (ov.n * W_E.element_size())))
+    buffer = torch.empty(step, ov.n, dtype=W_E.dtype, device=device)
+    rows = rows.to(device)
+    ranks = torch.empty(heads, len(rows), dtype=torch.long, device=device)
+    columns = (TextColumn("self ranks"), BarColumn(), TextColumn("{task.completed}/{task.total} rows"))
+    shown = Progress(
+        *columns,
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not progress,
+    )
+    with shown:
+        task = shown.add_task("self ranks", total=heads * len(rows))
+        for head in range(heads):
+            out_head = W_O[head] @ W_U  # [d_head, d_vocab]
+            for start in range(0, len(rows), step):
+                chunk = rows[start : start + step]
+                block = torch.matmul(W_E[chunk] @ W_V[:, head], out_head, out=buffer[: len(chunk)])
+                own = block.gather(1, chunk[:, None])
+                ranks[head, start : start + len(chunk)] = (block >= own).sum(1)
+                shown.advance(task, len(chunk))
+    return ranks.cpu()
+
+
+# -- the analysis step --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CopyingAnalysis:
+    """Copying by each head's full OV circuit ``W_E W_V W_O W_U``, ``[n_layers, n_heads]`` tensors:
+
+    - ``scores``: eigenvalue positivity ``Re(sum l) / sum |l|`` (``eigenvalues``: the ones it uses);
+    - ``baseline``: the scores of random Gaussian factors of the same shapes (the null);
+    - ``threshold``: the baseline's 99th percentile; a head above it copies significantly;
+    - ``self_top1``, ``diagonal_z``: the direct measures of :class:`DirectCopying`.
+    """
+
+    scores: Tensor
+    eigenvalues: Tensor
+    baseline: Tensor
+    threshold: float
+    self_top1: Tensor
+    diagonal_z: Tensor
+
+    @property
+    def copying_heads(self) -> int:
+        return int((self.scores > self.threshold).sum())
+
+
+@torch.no_grad()
+def copying_analysis(model: AttnOnlyTransformer, baseline_samples: int = 200) -> CopyingAnalysis:
+    """Copying scores (in float64), their random baseline and the direct measures (exact within
+    ``EXACT_FLOP_BUDGET``, else from sampled rows: :func:`sample_rows_for`), all without building a
+    ``d_vocab x d_vocab`` matrix."""
+    ov = shared_full_ov_circuit(model)
+    eigenvalues = ov.to(torch.float64).eigenvalues()
+    baseline = random_copying_scores(ov[0, 0].factored(), baseline_samples, torch.Generator().manual_seed(0))
+    direct = direct_copying(
+        model, sample_rows_for(model.cfg), generator=torch.Generator().manual_seed(0), progress=False
+    )
+    shape = ov.batch_shape
+    return CopyingAnalysis(
+        scores=eigenvalue_positivity(eigenvalues),
+        eigenvalues=eigenvalues,
+        baseline=baseline,
+        threshold=float(baseline.quantile(0.99)),
+        self_top1=torch.tensor([d.self_top1 for d in direct], dtype=torch.float64).reshape(shape),
+        diagonal_z=torch.tensor([d.diagonal_z for d in direct], dtype=torch.float64).reshape(shape),
+    )
+
+
+# -- the comparison -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CopyingComparison:
+    """One head's eigenvalue verdict beside its direct verdict (see :func:`compare_copying`)."""
+
+    name: str
+    copying_score: float
+    diagonal_z: float
+    self_top1: float
+    eigenvalues_say_copying: bool
+    direct_says_copying: bool
+    disagree: bool
+
+
+def compare_copying(spectra: list[HeadSpectrum], direct: list[DirectCopying]) -> list[CopyingComparison]:
+    """Every head's eigenvalue copying score (``spectra``: :func:`qkov.head_spectra` rows of the
+    OV circuit) against its direct measures, with a verdict from each.
+
+    The rule: eigenvalues say "copying" when ``copying_score > COPYING_SCORE_THRESHOLD`` (0.5:
+    positive eigenvalues outweigh the rest three to one; random Gaussian heads stay well below it:
+    the 99th percentile of :func:`random_copying_scores` is 0.185 at d_head 16 and 0.053 at d_head 64,
+    d_vocab 4096, benchmarks/spectra.py); the direct measures say "copying" when
+    ``diagonal_z > DIAGONAL_Z_THRESHOLD`` (1.0: on average a token's own logit is raised one standard
+    deviation of its row above the row's mean; the 144 random heads of GPT-2 small's shapes give
+    ``|diagonal_z| <= 0.014``, a head with ``M = I`` gives ``sqrt(d_vocab - 1)``). The heads where the
+    verdicts differ (``disagree``) are where the eigenvalue statistic and the logits tell different
+    stories: positive eigenvalues of a matrix far from diagonal (a shear, ``I + 10 N``), or a strong
+    diagonal beside eigenvalues that large off-diagonal rotations make complex."""
+    by_name = {row.name: row for row in direct}
+    if sorted(by_name) != sorted(row.name for row in spectra):
+        raise QkovError("the spectra and the direct measures are of different heads")
+    out = []
+    for row in spectra:
+        if row.copying_score is None:
+            raise QkovError("compare_copying needs the OV spectra (QK rows have no copying score)")
+        d = by_name[row.name]
+        eigenvalues_say = row.copying_score > COPYING_SCORE_THRESHOLD
+        direct_says = d.diagonal_z > DIAGONAL_Z_THRESHOLD
+        out.append(
+            CopyingComparison(
+                name=row.name,
+                copying_score=row.copying_score,
+                diagonal_z=d.diagonal_z,
+                self_top1=d.self_top1,
+                eigenvalues_say_copying=eigenvalues_say,
+                direct_says_copying=direct_says,
+                disagree=eigenvalues_say != direct_says,
+            )
+        )
+    return out
