@@ -66,6 +66,18 @@ def test_term_importance_puts_induction_in_a_first_order_term(induction_results)
     assert abs(t.first_order_by_head[0][0]) < 0.01  # the previous-token head writes where W_U does not read
 
 
+def test_the_spectra_and_the_direct_measures_agree_with_the_copying_step(induction_results):
+    r = induction_results
+    spectra, direct, copying = r.spectra.OV, r.copying_direct, r.copying.heads
+    assert [s.name for s in spectra] == [d.name for d in direct] == [c.name for c in copying]
+    for s, d, c in zip(spectra, direct, copying, strict=True):
+        assert s.copying_score == pytest.approx(c.copying_score, abs=1e-6)
+        assert (d.self_top1, d.diagonal_z) == (c.self_top1, c.diagonal_z) and d.exact
+    induction = next(c for c in r.copying_comparison if c.name == "L1H0")
+    assert induction.eigenvalues_say_copying and induction.direct_says_copying and not induction.disagree
+    assert len(r.spectra.QK) == 4 and all(s.copying_score is None for s in r.spectra.QK)
+
+
 def test_captions_come_from_the_data(induction_results):
     example = induction_results.attention_examples.repeated
     assert example.description == "repeated random tokens (4 tokens, 3 times)"  # n_ctx 12
@@ -92,9 +104,11 @@ def test_a_step_reads_only_steps_before_it():
     [
         (0, True, {"bigram"}),
         (0, False, set()),
-        (1, False, {"copying", "repeated_tokens", "attention_examples", "qk_position_content"}
+        (1, False, {"spectra", "copying_direct", "copying", "copying_comparison", "repeated_tokens"}
+         | {"attention_examples", "qk_position_content"}
          | {"term_importance", "skip_trigrams"}),
-        (2, False, {"copying", "repeated_tokens", "attention_examples", "qk_position_content"}
+        (2, False, {"spectra", "copying_direct", "copying", "copying_comparison", "repeated_tokens"}
+         | {"attention_examples", "qk_position_content"}
          | {"term_importance", "composition", "induction_check", "ablation"}),
     ],
 )  # fmt: skip

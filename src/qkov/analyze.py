@@ -34,7 +34,7 @@ from qkov.circuits.composition import (
     composition_baseline,
     k_composition_positivity,
 )
-from qkov.circuits.copying import copying_analysis
+from qkov.circuits.copying import compare_copying, copying_analysis, default_direct_copying
 from qkov.circuits.heads import (
     INDUCTION_HEAD,
     PREVIOUS_TOKEN_HEAD,
@@ -50,6 +50,7 @@ from qkov.circuits.skip_trigrams import (
     skip_trigram_occurs,
     strongest_skip_trigrams,
 )
+from qkov.circuits.spectra import head_spectra
 from qkov.data.corpus import read_corpus
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.data.tokens import cached_tokens, sample_windows
@@ -73,6 +74,7 @@ from qkov.results import (
     SkipTrigramBugRow,
     SkipTrigramRow,
     SkipTrigrams,
+    Spectra,
     TermImportanceResult,
     finite,
     write_results,
@@ -154,8 +156,25 @@ def bigram_step(ctx: Context):
     return compare_bigrams(ctx.model, ctx.counts)
 
 
+SPECTRUM_TOP_K = 10  # singular values kept per head
+
+
+def spectra_step(ctx: Context) -> Spectra:
+    return Spectra(
+        head_spectra(ctx.model, "OV", SPECTRUM_TOP_K), head_spectra(ctx.model, "QK", SPECTRUM_TOP_K)
+    )
+
+
+def copying_direct_step(ctx: Context):
+    return default_direct_copying(ctx.model)  # (inside analyze's progress display: no bar of its own)
+
+
+def copying_comparison_step(ctx: Context):
+    return compare_copying(ctx.done["spectra"].OV, ctx.done["copying_direct"])
+
+
 def copying_step(ctx: Context) -> Copying:
-    copying = copying_analysis(ctx.model)
+    copying = copying_analysis(ctx.model, direct=ctx.done["copying_direct"])
     heads = [
         HeadCopying(
             name=head_name(layer, head),
@@ -332,7 +351,16 @@ def ablation_step(ctx: Context):
 
 STEPS: tuple[Step, ...] = (
     Step("bigram", "Direct path as a bigram table", bigram_step, needs_corpus=True),
-    Step("copying", "Copying (OV eigenvalues)", copying_step, min_layers=1),
+    Step("spectra", "Spectra of every head", spectra_step, min_layers=1),
+    Step("copying_direct", "Direct copying measures", copying_direct_step, min_layers=1, weight=2),
+    Step("copying", "Copying (OV eigenvalues)", copying_step, min_layers=1, after=("copying_direct",)),
+    Step(
+        "copying_comparison",
+        "Eigenvalues against direct copying",
+        copying_comparison_step,
+        min_layers=1,
+        after=("spectra", "copying_direct"),
+    ),
     Step("repeated_tokens", "Repeated random tokens", repeated_tokens_step, min_layers=1),
     Step("attention_examples", "Attention patterns", attention_step, min_layers=1),
     Step("qk_position_content", "Position versus content", position_content_step, min_layers=1),
@@ -405,4 +433,3 @@ def analyze_checkpoint(
     write_results(results, out)
     atomic_write_text(out / "report.html", render_report({f"{model.cfg.n_layers}-layer": results}))
     return results
-

@@ -30,9 +30,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from qkov.circuits.ablation import AblationEffect
 from qkov.circuits.bigrams import BigramComparison
+from qkov.circuits.copying import CopyingComparison, DirectCopying
 from qkov.circuits.paths import TermImportance
 from qkov.circuits.phase_change import PhaseChange, TrainingPoint
 from qkov.circuits.skip_trigrams import Crossed, SkipTrigram, SkipTrigramBug
+from qkov.circuits.spectra import HeadSpectrum
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
@@ -74,6 +76,16 @@ class Copying:
     baseline_mean: float
     threshold: float
     copying_heads: int
+
+
+@dataclass(frozen=True)
+class Spectra:
+    """Every head's full OV circuit ``W_E W_V W_O W_U`` and full QK circuit
+    ``W_E W_Q W_K^T W_E^T / sqrt(d_head)`` (token to token) summarised over the whole vocabulary:
+    norm, top singular values, effective rank and (OV) eigenvalue copying score."""
+
+    OV: list[HeadSpectrum]
+    QK: list[HeadSpectrum]
 
 
 @dataclass(frozen=True)
@@ -213,7 +225,10 @@ class Results:
     phase_change: PhaseChange | None
     schema_version: int = SCHEMA_VERSION
     bigram: BigramComparison | None = None
+    spectra: Spectra | None = None
+    copying_direct: list[DirectCopying] | None = None
     copying: Copying | None = None
+    copying_comparison: list[CopyingComparison] | None = None
     repeated_tokens: RepeatedTokens | None = None
     attention_examples: AttentionExamples | None = None
     qk_position_content: dict[str, dict[str, float]] | None = None
@@ -310,4 +325,3 @@ def json_schema() -> dict[str, Any]:
 
 def schema_text() -> str:
     return json.dumps(json_schema(), indent=1, sort_keys=True) + "\n"
-

@@ -147,6 +147,13 @@ def direct_copying(
     return out
 
 
+def default_direct_copying(model: AttnOnlyTransformer, progress: bool = False) -> list[DirectCopying]:
+    """:func:`direct_copying` as ``qkov analyze`` runs it: exact within the CPU's FLOP budget, else
+    on rows sampled with seed 0 (:func:`sample_rows_for`)."""
+    rows = sample_rows_for(model.cfg)
+    return direct_copying(model, rows, generator=torch.Generator().manual_seed(0), progress=progress)
+
+
 def sample_rows_for(cfg: Config, device: str | torch.device = "cpu") -> int | None:
     """The ``sample_rows`` that keeps :func:`direct_copying` within ``EXACT_FLOP_BUDGET`` on
     ``device``: None (every row, exact) when that fits, else as many rows as fit (each row of every
@@ -262,16 +269,17 @@ class CopyingAnalysis:
 
 
 @torch.no_grad()
-def copying_analysis(model: AttnOnlyTransformer, baseline_samples: int = 200) -> CopyingAnalysis:
-    """Copying scores (in float64), their random baseline and the direct measures (exact within
-    ``EXACT_FLOP_BUDGET``, else from sampled rows: :func:`sample_rows_for`), all without building a
-    ``d_vocab x d_vocab`` matrix."""
+def copying_analysis(
+    model: AttnOnlyTransformer, baseline_samples: int = 200, direct: list[DirectCopying] | None = None
+) -> CopyingAnalysis:
+    """Copying scores (in float64), their random baseline and the direct measures (``direct`` when
+    given, else computed: exact within ``EXACT_FLOP_BUDGET``, else from sampled rows:
+    :func:`sample_rows_for`), all without building a ``d_vocab x d_vocab`` matrix."""
     ov = shared_full_ov_circuit(model)
     eigenvalues = ov.to(torch.float64).eigenvalues()
     baseline = random_copying_scores(ov[0, 0].factored(), baseline_samples, torch.Generator().manual_seed(0))
-    direct = direct_copying(
-        model, sample_rows_for(model.cfg), generator=torch.Generator().manual_seed(0), progress=False
-    )
+    if direct is None:
+        direct = default_direct_copying(model)
     shape = ov.batch_shape
     return CopyingAnalysis(
         scores=eigenvalue_positivity(eigenvalues),

@@ -147,6 +147,100 @@ def copying_section(r: Results) -> str:
     return figure(against + f"<div class='grid'>{plots}</div>", caption, claim)
 
 
+def spectra_section(r: Results) -> str:
+    s = r.spectra
+    if s is None:
+        return ""
+    parts = ["<h3>Spectra over the whole vocabulary</h3>"]
+    for circuit, rows, formula in (
+        ("OV", s.OV, "W_E W_V W_O W_U"),
+        ("QK", s.QK, "W_E W_Q W_K^T W_E^T / sqrt(d_head)"),
+    ):
+        header = ["head", "norm", "singular values (top 3)", "effective rank", "eigenvalue copying score"]
+        cells = [
+            [h.name, h.norm, " ".join(f"{x:.3g}" for x in h.singular_values[:3]), h.effective_rank]
+            + [h.copying_score]
+            for h in rows
+        ]
+        parts.append(f"<h4>{circuit}: {esc(formula)}</h4>" + table(header, cells))
+    parts.append(
+        "<p class='small'>Frobenius norm, largest singular values, effective rank (exp of the entropy of "
+        "s²/Σs²) and, for OV, Re(Σλ)/Σ|λ| of each head's token-to-token circuit, from factors shared by "
+        "every head (no vocabulary-sized matrix is built).</p>"
+    )
+    return "".join(parts)
+
+
+def copying_direct_section(r: Results) -> str:
+    rows = r.copying_direct
+    if not rows:
+        return ""
+
+    def top1(d) -> str:
+        return f"{d.self_top1:.3f}" + (
+            "" if d.self_top1_ci is None else " [{:.3f}, {:.3f}]".format(*d.self_top1_ci)
+        )
+
+    header = ["head", "diagonal mean", "diagonal z", "median self rank", "self is top logit", "rows scored"]
+    cells = [
+        [
+            d.name,
+            d.diagonal_mean,
+            d.diagonal_z,
+            d.self_rank_median,
+            top1(d),
+            f"{d.rows}{'' if d.exact else ' (sample)'}",
+        ]
+        for d in rows
+    ]
+    sampled = (
+        ""
+        if rows[0].exact
+        else f" The rank and top-logit columns come from {rows[0].rows} rows drawn at random, each exact, "
+        "with 95% Wilson intervals."
+    )
+    return (
+        "<h3>Direct copying measures</h3>"
+        + table(header, cells)
+        + "<p class='small'>Each token's effect on its own logit through the head's full OV circuit: the "
+        "diagonal, its z-score within the row, the token's rank among all outputs of its row, and how "
+        f"often it is the row's maximum.{sampled}</p>"
+    )
+
+
+def copying_comparison_section(r: Results) -> str:
+    rows = r.copying_comparison
+    if not rows:
+        return ""
+    points = [
+        {"x": c.copying_score, "y": c.diagonal_z, "text": c.name, "colour": RED if c.disagree else BLUE,
+         "label": f"{c.name}: eigenvalue score {c.copying_score:+.2f}, diagonal z {c.diagonal_z:+.2f}"}
+        for c in rows
+    ]  # fmt: skip
+    top = max(max(abs(c.diagonal_z) for c in rows), 1.0) * 1.1
+    plot = scatter(
+        points,
+        "eigenvalue copying score",
+        "diagonal z-score",
+        (-1, 1),
+        (-top, top),
+        "eigenvalues against direct copying",
+    )
+    disagree = [c for c in rows if c.disagree]
+    listed = ", ".join(
+        f"{c.name} (eigenvalues: {'copying' if c.eigenvalues_say_copying else 'not'}, direct: "
+        f"{'copying' if c.direct_says_copying else 'not'})"
+        for c in disagree
+    )
+    return figure(
+        plot,
+        f"Each head's eigenvalue copying score against the z-score of its own-logit effect (red: the two "
+        f"verdicts of compare_copying disagree). Heads where they disagree: {listed or 'none'}.",
+        "the eigenvalue statistic summarises copying; whether it is a reliable test is one of the paper's "
+        "open questions.",
+    )
+
+
 def _static_pattern(name: str, pattern: list[list[float]]) -> str:
     n = len(pattern)
     cells = "".join(
@@ -362,7 +456,10 @@ SECTIONS: dict[str, Callable[[Results], str]] = {
     "training": training_section,
     "bigram": bigram_section,
     "repeated_tokens": heads_section,
+    "spectra": spectra_section,
     "copying": copying_section,
+    "copying_direct": copying_direct_section,
+    "copying_comparison": copying_comparison_section,
     "skip_trigrams": skip_trigram_section,
     "attention_examples": attention_section,
     "qk_position_content": position_content_section,
