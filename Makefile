@@ -24,10 +24,11 @@ reproduce: setup
 train: setup
 	$(BIN)/qkov train --layers 2 --out runs/2-layer --resume
 
-## Headless Chromium for the report's browser test (Debian packages), when it is missing.
+## Headless Chromium and its driver for the report's and the explorer's browser tests (Debian
+## packages), when either is missing.
 chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
-		echo "installing chromium and chromium-driver (for the report's browser test)"; \
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
+		echo "installing chromium and chromium-driver (for the browser tests)"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	} || echo "warning: could not install chromium; the browser test will be skipped"
 

@@ -390,20 +390,43 @@ def analyze(
     """Run every step that applies to the model. ``corpus_tokens`` (train and eval arrays, in the
     model's tokenizer) adds the bigram comparison, marks skip-trigram bugs that never occur, and
     gives the text for term importance; without it term importance uses repeated random tokens."""
-    cfg, model = model.cfg, model.eval()
+    cfg = model.cfg
+    steps = [s.name for s in STEPS if s.applies(cfg.n_layers, corpus_tokens is not None)]
+    done = run_steps(model, steps, corpus_tokens, seed, show_progress)
+    log = training_log or []
+    strings = token_strings(model.tokenizer, cfg.d_vocab)
+    return Results(config=cfg, tokens=strings, training=log, phase_change=phase_change(log), **done)
+
+
+def run_steps(
+    model: AttnOnlyTransformer,
+    names: list[str],
+    corpus_tokens: tuple[np.ndarray, np.ndarray] | None = None,
+    seed: int = 0,
+    show_progress: bool = False,
+) -> dict[str, Any]:
+    """Run the named steps, and the steps they read (``after``), in registry order, on the same
+    seeded inputs as :func:`analyze`: ``{name: result}`` for every step run. ``qkov serve`` uses it
+    to answer with exactly the numbers ``analyze`` writes."""
+    unknown = sorted(set(names) - {s.name for s in STEPS})
+    if unknown:
+        raise QkovError(f"no analysis step {', '.join(unknown)}")
+    wanted = set(names)
+    for step in reversed(STEPS):  # a step's dependencies come before it, so one backward pass suffices
+        if step.name in wanted:
+            wanted |= set(step.after)
+    steps = [s for s in STEPS if s.name in wanted]
+    model = model.eval()
     done: dict[str, Any] = {}
-    ctx = Context(
-        model, corpus_tokens, token_strings(model.tokenizer, cfg.d_vocab), seed, MappingProxyType(done)
-    )
-    steps = [s for s in STEPS if s.applies(cfg.n_layers, corpus_tokens is not None)]
+    strings = token_strings(model.tokenizer, model.cfg.d_vocab)
+    ctx = Context(model, corpus_tokens, strings, seed, MappingProxyType(done))
     with _progress(show_progress) as progress, torch.no_grad():
         task = progress.add_task("analysing", total=sum(s.weight for s in steps))
         for step in steps:
             progress.update(task, description=f"analysing: {step.title}")
             done[step.name] = step.run(ctx)
             progress.advance(task, step.weight)
-    log = training_log or []
-    return Results(config=cfg, tokens=ctx.strings, training=log, phase_change=phase_change(log), **done)
+    return done
 
 
 def corpus_token_arrays(

@@ -263,12 +263,42 @@ def reproduce_command(args: argparse.Namespace) -> None:
     print(f"total {minutes:.1f} min; wrote {out / 'results.json'} and {out / 'report.html'}")
 
 
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="explore a checkpoint's heads, texts and circuits in the browser",
+        description="Serve a local web explorer of one checkpoint: type a text to see every head's "
+        "attention and the logits' path expansion, pick a head to read its OV and QK circuits over the "
+        "whole vocabulary, pick two heads to see how they compose. Computed on demand and cached.",
+    )
+    p.add_argument("checkpoint", help="checkpoint folder (config.json, model.safetensors, [tokenizer.json])")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
+    )
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--cache-mb", type=int, default=256, help="memory for cached answers, MiB (default: 256)")
+    p.add_argument("--workers", type=int, default=2, help="computations run at once (default: 2)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
+
+
+def serve_command(args: argparse.Namespace) -> None:
+    from qkov.serve import serve
+
+    if not 1 <= args.port <= 65535:
+        raise QkovError(f"--port must lie in [1, 65535], got {args.port}")
+    if args.cache_mb < 1 or args.workers < 1:
+        raise QkovError("--cache-mb and --workers must be at least 1")
+    torch.set_num_threads(max(1, args.threads))
+    serve(args.checkpoint, args.host, args.port, args.cache_mb, args.workers)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="qkov", description="Transformer circuits, read off the weights.")
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
     add_analyze_parser(sub)
     add_reproduce_parser(sub)
+    add_serve_parser(sub)
     info = sub.add_parser("info", help="validate a checkpoint folder and describe it")
     info.add_argument("checkpoint")
     sub.add_parser("schema", help="print the JSON Schema of results.json")
@@ -280,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
             "schema": schema_command,
             "analyze": analyze_command,
             "reproduce": reproduce_command,
+            "serve": serve_command,
         }[args.command](args)
     except QkovError as err:
         print(f"qkov: error: {err}", file=sys.stderr)

@@ -1,0 +1,70 @@
+"""``qkov serve``: a local web explorer of one checkpoint's heads, texts and circuits.
+
+- :mod:`qkov.serve.explorer`: the loaded model, its token strings, and the checks every input passes;
+- :mod:`qkov.serve.text`, :mod:`qkov.serve.head`, :mod:`qkov.serve.pair`: the views, each a
+  function calling the circuits functions ``qkov analyze`` calls;
+- :mod:`qkov.serve.jobs`: answers cached in a bounded LRU, long computations as cancellable jobs;
+- :mod:`qkov.serve.app`: the FastAPI app (endpoints, assets, security headers).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from pathlib import Path
+
+from qkov.checkpoint import load
+from qkov.serve.app import create_app
+from qkov.serve.explorer import Explorer
+from qkov.serve.jobs import Jobs
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost")
+REQUEST_BYTES = 64 * 2**10  # a request line with the longest text (4000 characters, percent-encoded)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_app(checkpoint: str | Path, host: str = "127.0.0.1", cache_mb: int = 256, workers: int = 2):
+    """Load ``checkpoint`` once and build its app: on a loopback ``host`` only requests naming a
+    loopback host are served."""
+    explorer = Explorer(load(checkpoint), Path(checkpoint).name)
+    jobs = Jobs(cache_bytes=cache_mb * 2**20, workers=workers)
+    allowed = list(LOOPBACK_NAMES) if host in LOOPBACK_NAMES else None
+    return create_app(explorer, jobs, allowed), jobs
+
+
+def serve(checkpoint: str | Path, host: str, port: int, cache_mb: int, workers: int) -> None:
+    """Serve until interrupted; print the URL (a warning first when others can reach it)."""
+    import uvicorn
+
+    if not is_loopback(host):
+        print(
+            f"qkov: warning: serving on {host}, reachable from other machines; the explorer has no "
+            "authentication (the default --host 127.0.0.1 keeps it on this machine)",
+            file=sys.stderr,
+        )
+    app, jobs = build_app(checkpoint, host, cache_mb, workers)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        h11_max_incomplete_event_size=REQUEST_BYTES,
+    )
+    server = uvicorn.Server(config)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"qkov serve: {Path(checkpoint)} at http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn stops cleanly on Ctrl-C, then re-raises it
+        print("qkov serve: stopped", flush=True)
+    finally:
+        jobs.shutdown()

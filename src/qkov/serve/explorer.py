@@ -1,0 +1,147 @@
+"""The one loaded checkpoint and what every view needs from it: token strings, the checked
+inputs (text, tokens, heads, positions, top-k), and the full circuits, built once on first use.
+
+Every input a request carries is checked here against the model and refused with a
+:class:`QkovError` naming the allowed range (the app answers 400): never clamped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from qkov.analyze import token_strings
+from qkov.circuits.qk_ov import full_ov_circuit, full_qk_circuit
+from qkov.errors import QkovError
+from qkov.linalg import FactoredMatrix
+from qkov.model import AttnOnlyTransformer
+from qkov.names import head_name, parse_head
+
+T = TypeVar("T")
+MAX_K = 200  # the longest top-k table a view returns: more is not readable in a page
+MAX_TEXT_CHARS = 4000  # typed text; the URL holds it (browsers and servers cut URLs near 8-16 KB)
+
+
+class Explorer:
+    """A model, loaded once, with its token strings; views read it and never change it."""
+
+    def __init__(self, model: AttnOnlyTransformer, name: str) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.name = name
+        self.cfg = model.cfg
+        self.strings = token_strings(model.tokenizer, model.cfg.d_vocab)
+        self._built: dict[str, object] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    def once(self, name: str, build: Callable[[], T]) -> T:
+        """``build()``'s value, computed on first use and kept (circuits and tables that many
+        views read: a fixed, small set, unlike the bounded cache of answers). One build per name
+        at a time; builds of different names do not wait for each other."""
+        with self._locks_lock:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            if name not in self._built:
+                with torch.no_grad():
+                    self._built[name] = build()
+            return self._built[name]
+
+    @property
+    def full_ov(self) -> FactoredMatrix:
+        """Every head's full OV circuit ``[n_layers, n_heads, d_vocab, d_vocab]``, factored."""
+        return self.once("full_ov", lambda: full_ov_circuit(self.model))
+
+    @property
+    def full_qk(self) -> FactoredMatrix:
+        """Every head's full QK circuit ``[n_layers, n_heads, d_vocab, d_vocab]``, factored."""
+        return self.once("full_qk", lambda: full_qk_circuit(self.model))
+
+    # -- checked inputs ---------------------------------------------------------------------------
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "config": self.cfg.to_dict(),
+            "heads": [
+                head_name(layer, head)
+                for layer in range(self.cfg.n_layers)
+                for head in range(self.cfg.n_heads)
+            ],
+            "has_tokenizer": self.model.tokenizer is not None,
+            "max_k": self.max_k,
+            "max_text_chars": MAX_TEXT_CHARS,
+        }
+
+    @property
+    def max_k(self) -> int:
+        return min(MAX_K, self.cfg.d_vocab)
+
+    def tokens(self, text: str) -> list[int]:
+        """The token ids of ``text``: the checkpoint's tokenizer, or, without one, ids written
+        as numbers (``"3 14 15"`` or ``"#3 #14 #15"``)."""
+        if len(text) > MAX_TEXT_CHARS:
+            raise QkovError(f"text of {len(text)} characters is longer than the limit of {MAX_TEXT_CHARS}")
+        if self.model.tokenizer is not None:
+            ids = self.model.tokenizer.encode(text).ids
+        else:
+            try:
+                ids = [int(part.removeprefix("#")) for part in text.split()]
+            except ValueError:
+                raise QkovError("this checkpoint has no tokenizer: give token ids, e.g. '3 14 15'") from None
+            for i in ids:
+                self.token(i)
+        if not ids:
+            raise QkovError("the text has no tokens")
+        if len(ids) > self.cfg.n_ctx:
+            raise QkovError(f"text of {len(ids)} tokens is longer than the context (n_ctx={self.cfg.n_ctx})")
+        return ids
+
+    def token(self, token: int) -> int:
+        if not 0 <= token < self.cfg.d_vocab:
+            raise QkovError(
+                f"token id {token} out of range: the vocabulary has ids 0 to {self.cfg.d_vocab - 1}"
+            )
+        return token
+
+    def head(self, name: str) -> tuple[int, int]:
+        if self.cfg.n_layers == 0:
+            raise QkovError("a model with no layers has no attention heads")
+        return parse_head(name, self.cfg)
+
+    def pair(self, writer: str, reader: str) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Two heads, the writer in an earlier layer than the reader."""
+        (l1, h1), (l2, h2) = self.head(writer), self.head(reader)
+        if l1 >= l2:
+            raise QkovError(f"{writer} must be in an earlier layer than {reader} to compose with it")
+        return (l1, h1), (l2, h2)
+
+    def k(self, k: int) -> int:
+        if not 1 <= k <= self.max_k:
+            raise QkovError(f"k={k} out of range: top-k tables hold 1 to {self.max_k} entries")
+        return k
+
+    def listed(self, ids: list[int], values: list[float]) -> list[dict]:
+        """Token ids and values as table rows ``{"id", "str", "value"}``."""
+        return [{"id": i, "str": self.strings[i], "value": v} for i, v in zip(ids, values, strict=True)]
+
+    def search(self, prefix: str, k: int) -> dict:
+        """Tokens whose string starts with ``prefix`` (case-sensitive matches first, then
+        case-insensitive), at most ``k``; ``#123`` finds token 123."""
+        self.k(k)
+        if len(prefix) > MAX_TEXT_CHARS:
+            raise QkovError(f"prefix longer than {MAX_TEXT_CHARS} characters")
+        if prefix.startswith("#") and prefix[1:].isdigit():
+            token = self.token(int(prefix[1:]))
+            return {"prefix": prefix, "matches": [{"id": token, "str": self.strings[token]}], "more": False}
+        exact = [i for i, s in enumerate(self.strings) if s.startswith(prefix)]
+        folded = prefix.casefold()
+        seen = set(exact)
+        loose = [i for i, s in enumerate(self.strings) if i not in seen and s.casefold().startswith(folded)]
+        found = exact + loose
+        return {
+            "prefix": prefix,
+            "matches": [{"id": i, "str": self.strings[i]} for i in found[:k]],
+            "more": len(found) > k,
+        }

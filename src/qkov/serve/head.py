@@ -1,0 +1,152 @@
+"""Views of one head (sections "One-Layer Attention-Only Transformers" and "Two-Layer
+Attention-Only Transformers"): its full OV circuit for a source token (the tokens it raises and
+lowers, over the whole vocabulary), its full QK circuit for a destination token (the sources it
+prefers), its skip-trigrams through a source or a destination, and every head's scores (copying
+eigenvalues, previous-token, induction, duplicate-token), computed as ``qkov analyze`` computes
+them, from the same functions and the same seeded batch.
+
+Row-vector forms as everywhere in qkov: the full OV circuit is ``W_E W_V W_O W_U`` (paper:
+``W_U W_OV W_E``), the full QK circuit ``W_E W_Q W_K^T W_E^T / sqrt(d_head)`` (paper:
+``W_E^T W_QK W_E``), both kept factored and read a row at a time.
+
+The head scores come from analyze's own steps (:func:`qkov.analyze.run_steps`) on its
+seeded inputs, so the page shows the numbers ``results.json`` holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import torch
+
+from qkov.analyze import run_steps
+from qkov.circuits.skip_trigrams import SOURCE_BLOCK, head_circuits
+from qkov.errors import QkovError
+from qkov.serve.explorer import Explorer
+from qkov.serve.jobs import Progress
+
+SEED = 0  # analyze's default seed: the same repeated random tokens, so the same scores
+
+
+def ov_for_token(ex: Explorer, layer: int, head: int, token: int, k: int, progress: Progress) -> dict:
+    """What attending to ``token`` makes the head write into the logits (its full OV circuit's
+    row): the ``k`` tokens it raises and lowers most over the whole vocabulary (streamed top-k of
+    the factored row), and where the token's own logit ranks (copying puts it first)."""
+    progress.step(0, 1, "reading the OV circuit's row")
+    row = ex.full_ov[layer, head, token : token + 1, :]
+    raised, lowered = row.topk(k), row.topk(k, largest=False)
+    own = float(ex.full_ov[layer, head, token, token])
+    own_rank = int((row.AB[0] > own).sum()) + 1
+    return {
+        "token": {"id": token, "str": ex.strings[token]},
+        "raised": ex.listed(raised.cols.tolist(), raised.values.tolist()),
+        "lowered": ex.listed(lowered.cols.tolist(), lowered.values.tolist()),
+        "own_logit": own,
+        "own_rank": own_rank,
+    }
+
+
+def qk_for_token(ex: Explorer, layer: int, head: int, token: int, k: int, progress: Progress) -> dict:
+    """Where the head looks from a destination ``token`` (its full QK circuit's row, the
+    token-token term of the pre-softmax score): the sources it prefers and avoids most."""
+    progress.step(0, 1, "reading the QK circuit's row")
+    row = ex.full_qk[layer, head, token : token + 1, :]
+    preferred, avoided = row.topk(k), row.topk(k, largest=False)
+    return {
+        "token": {"id": token, "str": ex.strings[token]},
+        "preferred": ex.listed(preferred.cols.tolist(), preferred.values.tolist()),
+        "avoided": ex.listed(avoided.cols.tolist(), avoided.values.tolist()),
+    }
+
+
+def _trigram(ex: Explorer, source: int, destination: int, out: int, qk: float, ov: float) -> dict:
+    return {
+        "source": {"id": source, "str": ex.strings[source]},
+        "destination": {"id": destination, "str": ex.strings[destination]},
+        "out": {"id": out, "str": ex.strings[out]},
+        "qk": qk,
+        "ov": ov,
+        "strength": qk * ov,
+    }
+
+
+def skip_trigrams(
+    ex: Explorer,
+    layer: int,
+    head: int,
+    source: int | None,
+    destination: int | None,
+    k: int,
+    progress: Progress,
+) -> dict:
+    """The ``k`` strongest skip-trigrams ``source ... destination -> out`` through a given source
+    or a given destination, from the head's centred circuits (:func:`head_circuits`, as
+    :func:`qkov.circuits.skip_trigrams.strongest_skip_trigrams` reads them): strength
+    ``qk(destination, source) * ov(source, out)`` where both are positive (exactly one of
+    ``source`` and ``destination`` is given: the app checks). For a destination,
+    every source's best outputs are streamed in blocks of sources (a job with progress)."""
+    progress.step(0, 1, "centring the circuits")
+    circuits = head_circuits(ex.model, layer, head)
+    if source is not None:
+        qk, dests = circuits.qk[:, source].topk(k)  # the destinations that attend to source most
+        ov, outs = circuits.ov[source, :].topk(k)
+        strength = qk[:, None] * ov[None, :]
+        strength = strength.masked_fill((qk[:, None] <= 0) | (ov[None, :] <= 0), -torch.inf)
+        values, index = strength.flatten().topk(min(k, strength.numel()))
+        rows = [
+            _trigram(ex, source, int(dests[i // k]), int(outs[i % k]), float(qk[i // k]), float(ov[i % k]))
+            for value, i in zip(values.tolist(), index.tolist(), strict=True)
+            if value > -math.inf
+        ]
+    else:
+        qk = circuits.qk[destination, :]  # [source]
+        n = qk.shape[0]
+        best, outs = [], []
+        for start in range(0, n, SOURCE_BLOCK):
+            progress.step(start, n, "each source's strongest outputs")
+            values, index = circuits.ov[start : start + SOURCE_BLOCK, :].topk_per_row(k)
+            best.append(values)
+            outs.append(index)
+        ov, outs = torch.cat(best), torch.cat(outs)  # [source, k]
+        strength = (qk[:, None] * ov).masked_fill((qk[:, None] <= 0) | (ov <= 0), -torch.inf)
+        values, index = strength.flatten().topk(min(k, strength.numel()))
+        rows = []
+        for value, i in zip(values.tolist(), index.tolist(), strict=True):
+            if value == -math.inf:
+                break
+            src, rank = divmod(i, k)
+            rows.append(
+                _trigram(ex, src, destination, int(outs[src, rank]), float(qk[src]), float(ov[src, rank]))
+            )
+    return {"layer": layer, "head": head, "trigrams": rows}
+
+
+def head_scores(ex: Explorer, progress: Progress) -> dict:
+    """Every head's scores as ``qkov analyze`` writes them, from analyze's own steps on analyze's
+    seeded inputs: copying (OV eigenvalue positivity, its random baseline, eigenvalues, direct
+    measures), previous-token, induction and duplicate-token scores on repeated random tokens, and
+    each full OV circuit's spectrum (:func:`qkov.head_spectra`, top 10 singular values)."""
+    if ex.cfg.n_layers == 0:
+        raise QkovError("a model with no layers has no attention heads")
+    progress.step(0, 3, "copying: OV eigenvalues, their random baseline and the direct measures")
+    copying = run_steps(ex.model, ["copying"], seed=SEED)["copying"]
+    progress.step(1, 3, "attention on repeated random tokens")
+    repeated = run_steps(ex.model, ["repeated_tokens"], seed=SEED)["repeated_tokens"]
+    progress.step(2, 3, "OV spectra")
+    spectra = run_steps(ex.model, ["spectra"], seed=SEED)["spectra"].OV
+    heads = [
+        asdict(c)
+        | asdict(b)
+        | {"singular_values": list(s.singular_values), "effective_rank": s.effective_rank}
+        for c, b, s in zip(copying.heads, repeated.heads, spectra, strict=True)
+    ]
+    return {
+        "heads": heads,
+        "copying_threshold": copying.threshold,
+        "copying_baseline_mean": copying.baseline_mean,
+        "repeat_period": repeated.period,
+        "loss_per_repeat": repeated.loss_per_repeat,
+        "previous_token_heads": repeated.previous_token_heads,
+        "induction_heads": repeated.induction_heads,
+    }

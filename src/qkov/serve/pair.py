@@ -1,0 +1,100 @@
+"""Views of two heads in different layers (sections "Three Kinds of Composition", "Virtual
+Weights" and "How Induction Heads Work"): their Q-, K- and V-composition scores against the random
+baseline, the strongest directions of the virtual weight through which one feeds the other, and the
+K-composition induction check (the eigenvalue positivity of the token-level K-composition
+circuit), all from the functions ``qkov analyze`` calls.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from qkov.circuits.composition import (
+    KINDS,
+    all_raw_composition_scores,
+    composition_baseline,
+    k_composition_positivity,
+)
+from qkov.circuits.paths import virtual_weights
+from qkov.errors import QkovError
+from qkov.serve.explorer import Explorer
+from qkov.serve.jobs import Progress
+
+PARTNER = {"K": "W_Q", "Q": "W_K"}  # what meets a key (query) direction in the reader's attention score
+DIRECTIONS = 3  # singular directions of a virtual weight shown: the rest are usually near zero
+
+
+def composition_tables(ex: Explorer, progress: Progress) -> dict:
+    """Raw Q/K/V composition scores of every pair, the baseline, and the K-composition
+    positivity, as tensors (kept on the explorer, computed once)."""
+    progress.step(0, 2, "composition scores of every pair")
+    raw = all_raw_composition_scores(ex.model, KINDS)
+    progress.step(1, 2, "K-composition circuits' eigenvalues")
+    return {
+        "raw": raw,
+        "baseline": composition_baseline(ex.cfg.d_model, ex.cfg.d_head),
+        "positivity": k_composition_positivity(ex.model),
+    }
+
+
+def _ends(ex: Explorer, values: torch.Tensor, k: int) -> dict:
+    top, bottom = values.topk(k), values.topk(k, largest=False)
+    return {
+        "positive": ex.listed(top.indices.tolist(), top.values.tolist()),
+        "negative": ex.listed(bottom.indices.tolist(), bottom.values.tolist()),
+    }
+
+
+def virtual_directions(ex: Explorer, writer: str, reader: str, kind: str, k: int) -> dict:
+    """The singular values of the virtual weight ``W_O^writer W_kind^reader`` (``[d_head,
+    d_head]``, row-vector form; the paper's ``W_kind^2 W_O^1``) and, for its strongest directions,
+    the tokens at either end: on the writer's side the source tokens it moves along the direction
+    (``W_E W_V u``, direct path); on the reader's side, for K-composition the destination tokens
+    whose queries look for that key (``W_E W_Q v``), for Q-composition the source tokens whose keys
+    answer that query (``W_E W_K v``), for V-composition the logits it then writes (``v W_O W_U``).
+    Singular vectors have no sign of their own: a writer token at the positive end composes
+    positively with a reader token at the positive end (and negative with negative)."""
+    (l1, h1), (l2, h2) = ex.pair(writer, reader)
+    with torch.no_grad():
+        U, S, Vh = virtual_weights(ex.model, writer, f"{reader}.{kind}").svd()
+        writer_tokens = ex.model.W_E @ ex.model.blocks[l1].attn.W_V[h1]  # [d_vocab, d_head]
+        attn2 = ex.model.blocks[l2].attn
+        directions = []
+        for i in range(min(DIRECTIONS, len(S))):
+            u, v = U[:, i], Vh[i]
+            if kind == "V":
+                reads = v @ attn2.W_O[h2] @ ex.model.W_U
+            else:  # the other side of the dot product: queries meet a key direction, keys a query's
+                reads = ex.model.W_E @ (getattr(attn2, PARTNER[kind])[h2] @ v)
+            directions.append(
+                {
+                    "singular_value": float(S[i]),
+                    "writer": _ends(ex, writer_tokens @ u, k),
+                    "reader": _ends(ex, reads, k),
+                }
+            )
+    return {"singular_values": [float(s) for s in S], "directions": directions}
+
+
+def pair_view(ex: Explorer, tables: dict, writer: str, reader: str, kind: str, k: int) -> dict:
+    """Composition of ``writer`` into ``reader`` of every kind (raw, baseline subtracted), the
+    K-composition positivity, and the chosen kind's virtual-weight directions."""
+    if kind not in KINDS:
+        raise QkovError(f"kind must be one of Q, K, V, got {kind!r}")
+    (l1, h1), (l2, h2) = ex.pair(writer, reader)
+    baseline = tables["baseline"]
+    scores = {}
+    for name in KINDS:
+        raw = float(tables["raw"][name][l1, h1, l2, h2])
+        scores[name] = {"raw": raw, "baseline": baseline, "score": raw - baseline}
+    positivity = float(tables["positivity"][l1, h1, l2, h2])
+    return {
+        "writer": writer,
+        "reader": reader,
+        "kind": kind,
+        "composition": scores,
+        "k_composition_positivity": None if math.isnan(positivity) else positivity,
+        "virtual_weight": virtual_directions(ex, writer, reader, kind, k),
+    }

@@ -1,0 +1,387 @@
+// qkov serve: the page. Every string from the model or the user is inserted with textContent
+// (never as HTML); the view's state lives in the address (#text=...&head=...).
+'use strict';
+
+var state = { text: '', head: '', pos: null, token: null, role: 'source', writer: '', reader: '', kind: 'K', mode: 'attention' };
+var model = null, run = null, scores = null;
+
+function $(id) { return document.getElementById(id); }
+function el(tag, attrs, children) {
+  var node = document.createElement(tag);
+  Object.keys(attrs || {}).forEach(function (k) {
+    if (k === 'text') node.textContent = attrs[k];
+    else if (k === 'cls') node.className = attrs[k];
+    else if (k === 'onclick') node.addEventListener('click', attrs[k]);
+    else node.setAttribute(k, attrs[k]);
+  });
+  (children || []).forEach(function (c) { node.appendChild(typeof c === 'string' ? document.createTextNode(c) : c); });
+  return node;
+}
+function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); return node; }
+function shown(s) { return s.replace(/\n/g, '↵').replace(/\t/g, '⇥'); }
+function fmt(x, digits) { return x === null || x === undefined ? '—' : Number(x).toFixed(digits === undefined ? 3 : digits); }
+function chip(t) { return el('span', { cls: 'chip', title: '#' + t.id, text: shown(t.str) }); }
+function sleep(ms) { return new Promise(function (r) { setTimeout(r, ms); }); }
+function showError(message) { $('error').textContent = message || ''; }
+
+// -- the address holds the state --------------------------------------------------------------
+function saveState() {
+  var params = new URLSearchParams();
+  Object.keys(state).forEach(function (k) { if (state[k] !== null && state[k] !== '') params.set(k, state[k]); });
+  history.replaceState(null, '', '#' + params.toString());
+}
+function loadState() {
+  var params = new URLSearchParams(location.hash.slice(1));
+  Object.keys(state).forEach(function (k) {
+    if (!params.has(k)) return;
+    var v = params.get(k);
+    state[k] = (k === 'pos' || k === 'token') ? parseInt(v, 10) : v;
+  });
+}
+
+// -- requests: a long one shows its progress and can be cancelled -------------------------------
+function api(path, label) {
+  var controller = new AbortController();
+  var jobId = null;
+  var bar = el('progress', { max: '1', value: '0' });
+  var stage = el('span', { text: '' });
+  var box = el('div', { cls: 'job' }, [label + ' ', bar, stage, ' ', el('button', { text: 'cancel', onclick: function () {
+    controller.abort();
+    if (jobId) fetch('/api/jobs/' + jobId, { method: 'DELETE' });
+  } })]);
+  var shownTimer = setTimeout(function () { $('jobs').appendChild(box); }, 150);
+  async function go() {
+    var response = await fetch(path, { signal: controller.signal });
+    var body = await read(response);
+    while (response.status === 202) {
+      jobId = body.job;
+      bar.max = body.total; bar.value = body.done; stage.textContent = body.stage;
+      await sleep(250);
+      response = await fetch('/api/jobs/' + jobId, { signal: controller.signal });
+      body = await read(response);
+    }
+    if (!response.ok) throw new Error(body.error || ('HTTP ' + response.status));
+    return body;
+  }
+  return go().finally(function () { clearTimeout(shownTimer); box.remove(); });
+}
+async function read(response) {  // JSON, or the server's plain-text error as {error}
+  var text = await response.text();
+  try { return JSON.parse(text); } catch (e) { return { error: 'HTTP ' + response.status + ': ' + text.slice(0, 200) }; }
+}
+function report(err) { showError(err.name === 'AbortError' ? 'cancelled' : err.message); }
+function query(params) { return new URLSearchParams(params).toString(); }
+
+// -- text: tokens, attention, loss, path expansion -----------------------------------------------
+function runText() {
+  state.text = $('text').value;
+  saveState();
+  showError('');
+  return api('/api/text?' + query({ text: state.text }), 'running the text').then(function (body) {
+    run = body;
+    if (state.pos !== null && state.pos >= run.tokens.length) state.pos = null;
+    drawTokens();
+    $('text-summary').textContent = run.tokens.length + ' tokens, mean loss ' + fmt(run.mean_loss) + ' nats';
+    if (state.pos !== null) showPaths();
+  }).catch(report);
+}
+
+function drawTokens() {
+  var box = clear($('tokens'));
+  if (!run) return;
+  run.tokens.forEach(function (t, i) {
+    var span = el('span', { cls: 'tok', text: shown(t.str) });
+    span.title = '#' + t.id + ' at ' + i + (run.loss[i] !== null ? ' · loss ' + fmt(run.loss[i], 2) : '') +
+      ' · predicts next: ' + shown(run.prediction[i].str);
+    span.addEventListener('mouseenter', function () { paint(i); });
+    span.addEventListener('click', function () { selectPosition(i); });
+    box.appendChild(span);
+  });
+  paint(null);
+}
+
+function paint(hover) {
+  var spans = $('tokens').children;
+  var pattern = run && state.head ? run.patterns[state.head] : null;
+  var maxLoss = run ? Math.max.apply(null, run.loss.map(function (x) { return x || 0; }).concat([1e-9])) : 1;
+  for (var i = 0; i < spans.length; i++) {
+    var span = spans[i], bg = 'transparent', under = '#e4e4e4';
+    if (state.mode === 'loss') {
+      bg = 'rgba(214,39,40,' + ((run.loss[i] || 0) / maxLoss).toFixed(3) + ')';
+    } else if (pattern && hover !== null) {
+      if (i <= hover) bg = 'rgba(31,119,180,' + pattern[hover][i] + ')';
+      if (i >= hover) under = 'rgba(214,39,40,' + pattern[i][hover] + ')';
+    }
+    span.style.background = bg;
+    span.style.borderBottomColor = under;
+    span.classList.toggle('hovered', i === hover);
+    span.classList.toggle('selected', i === state.pos);
+  }
+  var status = $('attention-status');
+  if (state.mode === 'loss') { status.textContent = 'Red: loss of predicting each token from the ones before it (hover for the number).'; return; }
+  if (!pattern || hover === null) {
+    status.textContent = state.head ? state.head + ': hover a token to see where it attends.' : 'Click a head, then hover a token.';
+    return;
+  }
+  var row = pattern[hover], to = row.indexOf(Math.max.apply(null, row));
+  var from = hover, best = -1;
+  for (var d = hover; d < pattern.length; d++) if (pattern[d][hover] > best) { best = pattern[d][hover]; from = d; }
+  status.textContent = state.head + ': token ' + hover + ' ' + JSON.stringify(shown(run.tokens[hover].str)) +
+    ' attends most to ' + to + ' ' + JSON.stringify(shown(run.tokens[to].str)) + ' (' + fmt(row[to], 2) + '); ' +
+    'attended most by ' + from + ' ' + JSON.stringify(shown(run.tokens[from].str)) + ' (' + fmt(best, 2) + ').';
+}
+
+function selectPosition(i) {
+  state.pos = i;
+  state.token = run.tokens[i].id;
+  saveState();
+  paint(i);
+  showPaths();
+  showToken();
+}
+
+function showPaths() {
+  var box = clear($('paths'));
+  api('/api/paths?' + query({ text: state.text, pos: state.pos, k: 5 }), 'expanding the logits into paths').then(function (body) {
+    var what = body.target ? 'the actual next token ' + JSON.stringify(shown(body.target.str)) : 'the prediction';
+    box.appendChild(el('h3', { text: 'Path expansion at position ' + body.position + ' ' + JSON.stringify(shown(body.token.str)) }));
+    box.appendChild(el('p', { cls: 'small', text: 'The model predicts ' + JSON.stringify(shown(body.predicted.str)) +
+      ' (logit ' + fmt(body.predicted.logit, 2) + '). Each path\'s share of the logits, sorted by its logit for ' + what + '.' }));
+    var rows = body.terms.map(function (t) {
+      return el('tr', {}, [el('td', { text: t.path }), el('td', { cls: 'num', text: fmt(t.predicted_logit, 2) }),
+        el('td', { cls: 'num', text: fmt(t.target_logit, 2) }), el('td', {}, t.top.map(chip))]);
+    });
+    box.appendChild(table(['path', 'logit of prediction', 'logit of next token', 'top tokens of this term'], rows));
+  }).catch(report);
+}
+
+function table(header, rows) {
+  return el('table', {}, [el('tr', {}, header.map(function (h) { return el('th', { text: h }); }))].concat(rows));
+}
+
+// -- heads -------------------------------------------------------------------------------------
+function drawHeadButtons() {
+  var box = clear($('head-buttons'));
+  model.heads.forEach(function (name) {
+    box.appendChild(el('button', { cls: 'head' + (name === state.head ? ' active' : ''), text: name, onclick: function () { selectHead(name); } }));
+  });
+}
+
+function selectHead(name) {
+  state.head = name;
+  saveState();
+  drawHeadButtons();
+  $('head-name').textContent = name;
+  if (run) paint(null);
+  drawHeadTable();
+  drawEigenvalues();
+  showToken();
+}
+
+function loadScores() {
+  return api('/api/heads', 'head scores (eigenvalues, repeated random tokens)').then(function (body) {
+    scores = body;
+    drawHeadTable();
+    drawEigenvalues();
+    suggest();
+  }).catch(report);
+}
+
+function drawHeadTable() {
+  if (!scores) return;
+  var rows = scores.heads.map(function (h) {
+    var tr = el('tr', { cls: 'clickable' + (h.name === state.head ? ' current' : '') }, [el('td', { text: h.name }),
+      el('td', { cls: 'num', text: fmt(h.previous_token_score) }), el('td', { cls: 'num', text: fmt(h.induction_score) }),
+      el('td', { cls: 'num', text: fmt(h.duplicate_token_score) }), el('td', { cls: 'num', text: fmt(h.copying_score) }),
+      el('td', { cls: 'num', text: fmt(h.self_top1) }), el('td', { cls: 'num', text: fmt(h.effective_rank, 1) })]);
+    tr.addEventListener('click', function () { selectHead(h.name); });
+    return tr;
+  });
+  var box = clear($('head-table'));
+  box.appendChild(table(['head', 'previous-token', 'induction', 'duplicate-token', 'copying (eigenvalues)', 'own token top-1', 'OV effective rank'], rows));
+  box.appendChild(el('p', { cls: 'small', text: 'Attention scores on ' + scores.repeat_period + '-token random sequences repeated 3 times. ' +
+    'Copying score Re(Σλ)/Σ|λ| of the full OV circuit; random heads stay below ' + fmt(scores.copying_threshold, 2) + ' (99th percentile).' }));
+}
+
+function suggest() {
+  var best = function (key, layers) {
+    return scores.heads.filter(function (h) { return layers(h.layer); }).reduce(function (a, b) { return (b[key] || 0) > (a[key] || 0) ? b : a; });
+  };
+  var last = model.config.n_layers - 1;
+  if (last < 1) { $('guide').textContent = ''; return; }
+  var prev = best('previous_token_score', function (l) { return l < last; });
+  var ind = best('induction_score', function (l) { return l > 0; });
+  var guide = clear($('guide'));
+  guide.appendChild(document.createTextNode('Previous-token head: ' + prev.name + ' (' + fmt(prev.previous_token_score, 2) + '). Induction head: ' +
+    ind.name + ' (' + fmt(ind.induction_score, 2) + '). '));
+  if (prev.layer < ind.layer) {
+    guide.appendChild(el('button', { text: 'why does ' + ind.name + ' work?', onclick: function () {
+      state.writer = prev.name; state.reader = ind.name; state.kind = 'K'; saveState(); setPairSelects(); showPair();
+    } }));
+  }
+}
+
+function drawEigenvalues() {
+  var box = clear($('eigen'));
+  if (!scores || !state.head) return;
+  var h = scores.heads.filter(function (x) { return x.name === state.head; })[0];
+  var ns = 'http://www.w3.org/2000/svg', size = 220, pad = 20;
+  var limit = Math.max.apply(null, h.eigenvalues.map(function (e) { return Math.max(Math.abs(e[0]), Math.abs(e[1])); }).concat([1e-9]));
+  var scale = function (v) { return size / 2 + v / limit * (size / 2 - pad); };
+  var svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('width', size); svg.setAttribute('height', size);
+  svg.setAttribute('aria-label', 'eigenvalues of ' + h.name);
+  [[pad, size / 2, size - pad, size / 2], [size / 2, pad, size / 2, size - pad]].forEach(function (l) {
+    var line = document.createElementNS(ns, 'line');
+    line.setAttribute('x1', l[0]); line.setAttribute('y1', l[1]); line.setAttribute('x2', l[2]); line.setAttribute('y2', l[3]);
+    line.setAttribute('stroke', '#aaa'); svg.appendChild(line);
+  });
+  h.eigenvalues.forEach(function (e) {
+    var c = document.createElementNS(ns, 'circle');
+    c.setAttribute('cx', scale(e[0])); c.setAttribute('cy', scale(-e[1])); c.setAttribute('r', 3);
+    c.setAttribute('fill', e[0] >= 0 ? '#1f77b4' : '#d62728'); svg.appendChild(c);
+  });
+  var label = document.createElementNS(ns, 'text');
+  label.setAttribute('x', 4); label.setAttribute('y', 12);
+  label.textContent = 'OV eigenvalues (copying ' + fmt(h.copying_score, 2) + ')';
+  svg.appendChild(label);
+  box.appendChild(svg);
+}
+
+function showToken() {
+  if (state.token === null || !state.head) return;
+  $('token-shown').textContent = JSON.stringify(shown(tokenString(state.token))) + ' (#' + state.token + ')';
+  var q = query({ token: state.token, k: 10 });
+  api('/api/head/' + state.head + '/ov?' + q, 'OV circuit row').then(function (body) {
+    var box = clear($('ov'));
+    box.appendChild(el('h4', { text: 'OV: attending to it, ' + state.head + ' raises / lowers' }));
+    var rows = body.raised.map(function (t, i) {
+      var low = body.lowered[i];
+      return el('tr', {}, [el('td', {}, [chip(t)]), el('td', { cls: 'num', text: fmt(t.value, 2) }),
+        el('td', {}, [chip(low)]), el('td', { cls: 'num', text: fmt(low.value, 2) })]);
+    });
+    box.appendChild(table(['raised', 'logit', 'lowered', 'logit'], rows));
+    box.appendChild(el('p', { cls: 'small', text: 'Its own logit ranks ' + body.own_rank + ' of ' + model.config.d_vocab + '.' }));
+  }).catch(report);
+  api('/api/head/' + state.head + '/qk?' + q, 'QK circuit row').then(function (body) {
+    var box = clear($('qk'));
+    box.appendChild(el('h4', { text: 'QK: from it as destination, ' + state.head + ' prefers / avoids sources' }));
+    var rows = body.preferred.map(function (t, i) {
+      var low = body.avoided[i];
+      return el('tr', {}, [el('td', {}, [chip(t)]), el('td', { cls: 'num', text: fmt(t.value, 2) }),
+        el('td', {}, [chip(low)]), el('td', { cls: 'num', text: fmt(low.value, 2) })]);
+    });
+    box.appendChild(table(['preferred', 'score', 'avoided', 'score'], rows));
+  }).catch(report);
+}
+
+function tokenString(id) {
+  if (run) for (var i = 0; i < run.tokens.length; i++) if (run.tokens[i].id === id) return run.tokens[i].str;
+  return tokenCache[id] !== undefined ? tokenCache[id] : '#' + id;
+}
+var tokenCache = {};
+
+function showTrigrams() {
+  if (state.token === null || !state.head) { showError('pick a head and a token first'); return; }
+  state.role = $('trigram-role').value;
+  saveState();
+  var params = { k: 10 }; params[state.role] = state.token;
+  api('/api/head/' + state.head + '/skip-trigrams?' + query(params), 'skip-trigrams').then(function (body) {
+    var rows = body.trigrams.map(function (t) {
+      return el('tr', {}, [el('td', {}, [chip(t.source)]), el('td', { text: '…' }), el('td', {}, [chip(t.destination)]),
+        el('td', { text: '→' }), el('td', {}, [chip(t.out)]), el('td', { cls: 'num', text: fmt(t.qk, 2) }),
+        el('td', { cls: 'num', text: fmt(t.ov, 2) }), el('td', { cls: 'num', text: fmt(t.strength, 2) })]);
+    });
+    var box = clear($('trigrams'));
+    box.appendChild(table(['source', '', 'destination', '', 'out', 'qk', 'ov', 'strength'], rows));
+    box.appendChild(el('p', { cls: 'small', text: 'Direct path, centred circuits: strength = qk(destination, source) × ov(source, out).' }));
+  }).catch(report);
+}
+
+// -- two heads ---------------------------------------------------------------------------------
+function setPairSelects() {
+  ['writer', 'reader'].forEach(function (which) {
+    var select = clear($(which));
+    model.heads.forEach(function (name) { select.appendChild(el('option', { text: name })); });
+    if (state[which]) select.value = state[which];
+  });
+  $('kind').value = state.kind;
+}
+
+function showPair() {
+  state.writer = $('writer').value; state.reader = $('reader').value; state.kind = $('kind').value;
+  saveState();
+  var box = clear($('pair'));
+  api('/api/pair?' + query({ writer: state.writer, reader: state.reader, kind: state.kind, k: 6 }), 'composition').then(function (body) {
+    var rows = ['Q', 'K', 'V'].map(function (kind) {
+      var c = body.composition[kind];
+      return el('tr', {}, [el('td', { text: kind }), el('td', { cls: 'num', text: fmt(c.raw) }), el('td', { cls: 'num', text: fmt(c.baseline) }),
+        el('td', { cls: 'num', text: fmt(c.score) })]);
+    });
+    box.appendChild(table(['composition', 'raw', 'random baseline', 'raw − baseline'], rows));
+    box.appendChild(el('p', { text: 'K-composition induction check: eigenvalue positivity of the token-level circuit W_E W_Q(' + body.reader +
+      ') W_K(' + body.reader + ')ᵀ (W_E W_V W_O(' + body.writer + '))ᵀ = ' + fmt(body.k_composition_positivity, 2) +
+      ' (near +1: ' + body.reader + '\'s query for a token matches keys of sources whose previous token, moved there by ' + body.writer + ', is the same token: induction).' }));
+    box.appendChild(el('h4', { text: 'Virtual weight W_O(' + body.writer + ') W_' + body.kind + '(' + body.reader + '): singular values' }));
+    var values = body.virtual_weight.singular_values;
+    box.appendChild(el('p', { cls: 'small', text: values.slice(0, 12).map(function (s) { return fmt(s, 2); }).join('  ') +
+      (values.length > 12 ? '  … (' + values.length + ' in all)' : '') }));
+    var readerSide = { K: 'destination tokens whose queries seek it', Q: 'source tokens whose keys answer it', V: 'logits it then writes' }[body.kind];
+    var rows = body.virtual_weight.directions.map(function (d, i) {
+      return el('tr', {}, [el('td', { text: (i + 1) + ' (σ ' + fmt(d.singular_value, 2) + ')' }),
+        el('td', {}, d.writer.positive.map(chip)), el('td', {}, d.reader.positive.map(chip)),
+        el('td', {}, d.writer.negative.map(chip)), el('td', {}, d.reader.negative.map(chip))]);
+    });
+    box.appendChild(table(['direction', 'writer moves (+)', 'reader: ' + readerSide + ' (+)', 'writer moves (−)', 'reader (−)'], rows));
+    box.appendChild(el('p', { cls: 'small', text: 'Writer side: the source tokens ' + body.writer + ' moves along the direction (W_E W_V u). ' +
+      'Same-sign ends compose positively.' }));
+  }).catch(report);
+}
+
+// -- vocabulary search -------------------------------------------------------------------------
+var searchTimer = null;
+function search() {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(function () {
+    var prefix = $('vocab-search').value, box = clear($('vocab-results'));
+    if (!prefix) return;
+    api('/api/vocab?' + query({ prefix: prefix, k: 20 }), 'vocabulary search').then(function (body) {
+      body.matches.forEach(function (t) {
+        tokenCache[t.id] = t.str;
+        box.appendChild(el('button', { text: shown(t.str), title: '#' + t.id, onclick: function () {
+          state.token = t.id; saveState(); showToken();
+        } }));
+      });
+      if (!body.matches.length) box.appendChild(el('span', { cls: 'small', text: 'no token starts with that' }));
+    }).catch(report);
+  }, 200);
+}
+
+// -- start -------------------------------------------------------------------------------------
+async function start() {
+  loadState();
+  model = await api('/api/model', 'model');
+  var c = model.config;
+  $('model').textContent = model.name + ': ' + c.n_layers + ' layers × ' + c.n_heads + ' heads, d_model ' + c.d_model +
+    ', vocabulary ' + c.d_vocab + ', context ' + c.n_ctx;
+  if (!state.text) state.text = model.has_tokenizer ? 'def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n' : '1 2 3 4 5 1 2 3 4 5';
+  $('text').value = state.text;
+  document.querySelectorAll('input[name=mode]').forEach(function (r) {
+    r.checked = r.value === state.mode;
+    r.addEventListener('change', function () { state.mode = r.value; saveState(); if (run) paint(null); });
+  });
+  $('trigram-role').value = state.role;
+  $('run').addEventListener('click', runText);
+  $('trigram-go').addEventListener('click', showTrigrams);
+  $('pair-go').addEventListener('click', showPair);
+  $('vocab-search').addEventListener('input', search);
+  drawHeadButtons();
+  setPairSelects();
+  if (c.n_layers === 0) return runText();
+  if (!state.head) state.head = model.heads[0];
+  await runText();
+  selectHead(state.head);
+  loadScores();
+  if (state.writer && state.reader) showPair();
+}
+start().catch(report);
