@@ -13,7 +13,7 @@ import qkov
 from qkov import FactoredMatrix
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SHARED_PROPERTY = settings(PROPERTY, max_examples=40)
+SHARED_PROPERTY = settings(PROPERTY, max_examples=30)
 
 
 @st.composite

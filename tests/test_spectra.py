@@ -17,7 +17,7 @@ from qkov.circuits.spectra import effective_rank
 from conftest import random_model
 from handbuilt import skip_trigram_model
 
-PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite

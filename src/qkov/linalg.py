@@ -15,7 +15,9 @@ computed in the small space *where that is exact*:
   correction came from exactly that shortcut, and nothing here takes it.
 
 Leading dimensions broadcast, so one object can hold every head's circuit (``[n_layers, n_heads,
-m, n]``).
+m, n]``). :class:`SharedFactoredMatrix` is such a batch between outer factors that every matrix
+shares (``W_E`` and ``W_U`` in the full circuits, the paper's ``W_U W_OV W_E``): its QRs are taken
+once for the whole batch, and no vocabulary-long factor is built per head.
 """
 
 from __future__ import annotations
