@@ -63,8 +63,11 @@ def test_spectra_match_the_dense_circuits(model_and_k, circuit):
         S = np.linalg.svd(M, compute_uv=False)
         tol = 1e-10 * max(S[0], 1e-300)
         assert row.norm == pytest.approx(np.linalg.norm(M), abs=tol)
-        kept = min(k, np.linalg.matrix_rank(M))
-        assert len(row.singular_values) == kept
+        # the rank's tolerance (numpy's, eps * max(m, n) * s_max) decides which values are kept; a value
+        # within a factor of 2 of it may fall either way, computed densely or from the cores
+        rank_tol = np.finfo(np.float64).eps * max(M.shape) * S[0]
+        kept = len(row.singular_values)
+        assert min(k, int((S > 2 * rank_tol).sum())) <= kept <= min(k, int((S > rank_tol / 2).sum()))
         np.testing.assert_allclose(row.singular_values, S[:kept], rtol=0, atol=tol)
         p = S**2 / max((S**2).sum(), 1e-300)
         entropy = -sum(x * math.log(x) for x in p if x > 0)
