@@ -118,8 +118,13 @@ def test_trace_and_diagonal(fm):
 @PROPERTY
 @given(factored())
 def test_rank_matches_the_dense_rank(fm):
+    """The rank under numpy's tolerance ``eps * max(m, n) * s_max``; a singular value within a factor
+    of 2 of it (an exactly dependent direction, rounded) may count either way."""
     fm = fm.to(torch.float64)
-    assert fm.rank.numpy().tolist() == np.linalg.matrix_rank(dense(fm)).tolist()
+    S = np.linalg.svd(dense(fm), compute_uv=False)
+    tol = np.finfo(np.float64).eps * max(fm.m, fm.n) * S[..., :1]
+    rank = fm.rank.numpy()
+    assert ((S > 2 * tol).sum(-1) <= rank).all() and (rank <= (S > tol / 2).sum(-1)).all()
 
 
 def leading(draw, batch_shape):
