@@ -141,7 +141,7 @@ def broken(name):
             lambda f: (write_by_hand(f), (f / "config.json").write_text("{n_layers: 2")),
             "not valid JSON",
         ),
-        "config field": (lambda f: write_by_hand(f, config=CFG.to_dict() | {"d_mlp": 4}), "unknown field"),
+        "config field": (lambda f: write_by_hand(f, config=CFG.to_dict() | {"d_ff": 4}), "unknown field"),
         "config value": (
             lambda f: write_by_hand(f, config=CFG.to_dict() | {"n_heads": -1}),
             "n_heads must be a positive integer",

@@ -34,8 +34,9 @@ from qkov.circuits.qk_ov import (
 )
 from qkov.config import Config
 from qkov.errors import QkovError
+from qkov.interop import from_hf, from_transformer_lens
 from qkov.linalg import FactoredMatrix, TopK, copying_score, random_copying_scores
-from qkov.model import AttnOnlyTransformer
+from qkov.model import AttnOnlyTransformer, Transformer
 
 __all__ = [
     "AttnOnlyTransformer",
@@ -44,10 +45,13 @@ __all__ = [
     "QKTerms",
     "QkovError",
     "TermImportance",
+    "Transformer",
     "TopK",
     "composition_baseline",
     "composition_scores",
     "copying_score",
+    "from_hf",
+    "from_transformer_lens",
     "frozen_patterns",
     "full_ov_circuit",
     "full_qk_circuit",

@@ -16,7 +16,7 @@ import torch
 from rich.console import Console
 
 from qkov.checkpoint import load_config, load_tokenizer
-from qkov.config import POSITIONAL_EMBEDDINGS, Config
+from qkov.config import ACT_FNS, NORMALIZATIONS, POSITIONAL_EMBEDDINGS, Config
 from qkov.errors import QkovError
 from qkov.recipes import recipe
 
@@ -45,6 +45,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-ctx", type=int)
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--positional-embedding", choices=POSITIONAL_EMBEDDINGS, default="shortformer")
+    p.add_argument(
+        "--normalization", choices=NORMALIZATIONS, default="none", help="LayerNorm (default: none)"
+    )
+    p.add_argument(
+        "--d-mlp", type=int, default=0, help="MLP width after each attention layer (default 0: none)"
+    )
+    p.add_argument("--act-fn", choices=ACT_FNS, default="gelu_new", help="the MLP's activation")
     add_corpus_argument(p, "text files, folders or globs (repeatable); default: the Python standard library")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--embed-lr-mult", type=float, help="learning-rate multiplier for W_E and W_pos")
@@ -94,6 +101,9 @@ def train_command(args: argparse.Namespace) -> None:
             d_vocab=tokenizer.get_vocab_size(),
             n_ctx=pick["n_ctx"],
             positional_embedding=args.positional_embedding,
+            normalization=args.normalization,
+            d_mlp=args.d_mlp,
+            act_fn=args.act_fn,
         )
         train_cfg = TrainConfig(
             steps=pick["steps"],
@@ -218,6 +228,36 @@ def summary_lines(results: dict) -> list[str]:
     return lines
 
 
+def add_import_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "import",
+        help="import a Hugging Face GPT-2 or TransformerLens folder as a qkov checkpoint",
+        description="Read SRC, a Hugging Face GPT-2 folder (config.json, model.safetensors, "
+        "[tokenizer.json]) or a TransformerLens folder (config.json from cfg.to_dict(), "
+        "model.safetensors from state_dict()), fold its LayerNorm and centre its weights as "
+        "TransformerLens does, and write a qkov checkpoint folder.",
+    )
+    p.add_argument("src", help="the folder to import")
+    p.add_argument("--out", required=True, help="the qkov checkpoint folder to write")
+    p.add_argument("--no-fold", action="store_true", help="keep LayerNorm as it is and change no weight")
+
+
+def import_command(args: argparse.Namespace) -> None:
+    from qkov.interop import import_checkpoint
+
+    model, notes = import_checkpoint(args.src, args.out, fold=not args.no_fold)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    cfg = model.cfg
+    mlp = f"MLP d_mlp {cfg.d_mlp} ({cfg.act_fn})" if cfg.has_mlp else "attention-only"
+    console.print(
+        f"imported {cfg.n_layers} layers x {cfg.n_heads} heads, d_model {cfg.d_model}, {cfg.d_vocab} tokens, "
+        f"{mlp}, normalization {cfg.normalization} (from {cfg.source}) into {args.out}",
+        highlight=False,
+        markup=False,
+    )
+
+
 def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce",
@@ -260,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     add_train_parser(sub)
     add_analyze_parser(sub)
     add_reproduce_parser(sub)
+    add_import_parser(sub)
     info = sub.add_parser("info", help="validate a checkpoint folder and describe it")
     info.add_argument("checkpoint")
     args = parser.parse_args(argv)
@@ -269,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
             "info": info_command,
             "analyze": analyze_command,
             "reproduce": reproduce_command,
+            "import": import_command,
         }[args.command](args)
     except QkovError as err:
         print(f"qkov: error: {err}", file=sys.stderr)
