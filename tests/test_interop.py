@@ -377,3 +377,17 @@ def test_imported_model_survives_save_load_and_double(tmp_path):
     assert loaded.cfg == model.cfg
     np.testing.assert_array_equal(loaded(TOKENS).detach().numpy(), model(TOKENS).detach().numpy())
     torch.testing.assert_close(loaded.double()(TOKENS).float(), model(TOKENS), rtol=0, atol=FP32_TOLERANCE)
+
+
+def test_circuits_of_an_unfolded_model_are_those_of_its_folded_form():
+    raw = qkov.from_hf(hf_model().double(), fold=False)
+    folded = fold(raw).model
+    for circuit in (qkov.full_ov_circuit, qkov.full_qk_circuit, qkov.ov_circuit, qkov.qk_circuit):
+        torch.testing.assert_close(circuit(raw).AB, circuit(folded).AB, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        qkov.composition_scores(raw, "K"), qkov.composition_scores(folded, "K"), equal_nan=True
+    )
+    # and the folded circuits carry LayerNorm's weight: not the raw weights' product
+    plain = raw.W_E @ raw.blocks[0].attn.W_V[0] @ raw.blocks[0].attn.W_O[0] @ raw.W_U
+    difference = (qkov.full_ov_circuit(raw).AB[0, 0] - plain).abs().max()
+    assert difference > 0.1 * plain.abs().max()

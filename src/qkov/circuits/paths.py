@@ -38,6 +38,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from qkov.errors import QkovError
+from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
 from qkov.model import AttnOnlyTransformer, LayerNorm
 from qkov.names import head_name, parse_head
@@ -287,6 +288,7 @@ def virtual_weights(model: AttnOnlyTransformer, writer: str, reader: str) -> Fac
     ``"L1H4.Q"``, ``"L1H4.K"`` or ``"L1H4.V"`` (``W_Q`` ... ``[d_model, d_head]``), or ``"unembed"``
     (``W_U``). Factored, with inner dimension ``d_model``.
     """
+    model = circuit_model(model)
     cfg = model.cfg
     if writer == "embed":
         out, writer_layer = model.W_E, -1

@@ -130,3 +130,11 @@ def fold(model: Transformer) -> Folded:
     folded = model_from_tensors(cfg, state, "folded model")
     folded.tokenizer = model.tokenizer
     return Folded(folded, note)
+
+
+def circuit_model(model: Transformer) -> Transformer:
+    """The model whose weights the weight-based circuits read (QK/OV circuits, composition,
+    copying, skip-trigrams): the model itself, or with ``normalization="LN"`` its folded form, so
+    that LayerNorm's weight and bias are part of every circuit (TransformerLens' convention) and an
+    unfolded import reads exactly as a folded one."""
+    return fold(model).model if model.cfg.normalization == "LN" else model
