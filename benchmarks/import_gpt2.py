@@ -9,6 +9,7 @@ side in one run. A random ``GPT2LMHeadModel`` (12 layers x 12 heads, d_model 768
 2. *the stages of* ``qkov analyze``, each timed alone on the imported model, with the same work in
    TransformerLens where it has it (copying eigenvalues, repeated-token head scores, composition).
    The stages that would take many minutes are timed on a part and scaled, and say so.
+   TransformerLens' composition scores at these shapes are in ``composition.py`` (9 GB at peak).
 
     flock /tmp/qkov-heavy.lock python benchmarks/import_gpt2.py            # about 10 minutes, ~6 GB
     flock /tmp/qkov-heavy.lock python benchmarks/import_gpt2.py --layers 2 # a quicker look
@@ -30,6 +31,7 @@ import torch
 
 import qkov
 from qkov.analyze import REPEAT_BATCH, REPEATS
+from qkov.checkpoint import model_from_tensors
 from qkov.circuits.ablation import run_ablated
 from qkov.circuits.composition import (
     all_raw_composition_scores,
@@ -92,6 +94,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--n-ctx", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--skip", default="", help="comma-separated stages to leave out: copying-step, term-importance"
+    )
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
@@ -121,35 +126,25 @@ def main() -> None:
         print(f"  folded weights, qkov vs TransformerLens: max abs difference {diff:.2e}")
         _, load_s, load_mem = measure(lambda: qkov.load(out))
         row("qkov.load of the imported checkpoint", load_s, load_mem)
-        analyze_stages(model.eval(), hooked, args.n_ctx)
+        analyze_stages(model.eval(), hooked, set(args.skip.split(",")))
 
 
-def analyze_stages(model: qkov.Transformer, hooked, n_ctx: int) -> None:
+def analyze_stages(model: qkov.Transformer, hooked, skip: set[str]) -> None:
     """Each stage of ``qkov analyze`` for a model of 2+ layers, timed alone (no_grad, as analyze)."""
     cfg = model.cfg
     generator = torch.Generator().manual_seed(0)
     period = cfg.n_ctx // REPEATS
     repeated = repeated_random_tokens(REPEAT_BATCH, period, REPEATS, cfg.d_vocab, generator)
     with torch.no_grad():
-
-        def eigenvalues():
-            full = full_ov_circuit(model).to(torch.float64)
-            random_copying_scores(full[0, 0], 200, torch.Generator().manual_seed(0))
-            return full.eigenvalues()
-
-        def tl_eigenvalues():
-            return (hooked.W_E @ hooked.OV @ hooked.W_U).eigenvalues
-
-        _, s, m = measure(eigenvalues)
-        _, ts, tm = measure(tl_eigenvalues)
-        row("copying: OV eigenvalues + baseline, all heads", s, m, ts, tm)
-        one_layer = qkov.Transformer(qkov.Config(**(cfg.to_dict() | {"n_layers": 1}))).eval()
-        one_layer.load_state_dict(
-            {k: v for k, v in model.state_dict().items() if not k.startswith("blocks.")}, strict=False
-        )
-        one_layer.blocks[0].load_state_dict(model.blocks[0].state_dict())
-        _, s, m = measure(lambda: copying_analysis(one_layer))
-        row(f"copying: whole step, 1 layer (x{cfg.n_layers} = all)", s, m)
+        _, s, m = measure(lambda: full_ov_circuit(model).to(torch.float64).eigenvalues())
+        _, ts, tm = measure(lambda: (hooked.W_E @ hooked.OV @ hooked.W_U).eigenvalues)
+        row("copying: full-OV eigenvalues, all heads", s, m, ts, tm)
+        full = full_ov_circuit(model).to(torch.float64)
+        _, s, m = measure(lambda: random_copying_scores(full[0, 0], 200, torch.Generator().manual_seed(0)))
+        row("copying: random baseline (200 draws)", s, m)
+        del full
+        if "copying-step" not in skip:
+            copying_step(model)
 
         def behaviour():
             _, cache = model.run_with_cache(repeated)
@@ -168,25 +163,33 @@ def analyze_stages(model: qkov.Transformer, hooked, n_ctx: int) -> None:
         row(f"head scores: run_with_cache {REPEAT_BATCH} x {repeated.shape[1]} tokens", s, m, ts, tm)
         _, s, m = measure(lambda: qk_term_rms(qk_terms(model)))
         row("position versus content (QK terms)", s, m)
-        _, s, m = measure(lambda: term_importance(model, repeated))
-        row("term importance (repeated tokens)", s, m)
+        if "term-importance" not in skip:
+            _, s, m = measure(lambda: term_importance(model, repeated))
+            row("term importance (repeated tokens)", s, m)
 
         def composition():
             baseline = composition_baseline(cfg.d_model, cfg.d_head)
             return {kind: raw - baseline for kind, raw in all_raw_composition_scores(model).items()}
 
-        def tl_composition():
-            return [hooked.all_composition_scores(kind) for kind in "QKV"]
-
         _, s, m = measure(composition)
-        _, ts, tm = measure(tl_composition)
-        row("composition Q, K, V, every pair, baseline", s, m, ts, tm)
+        row("composition Q, K, V, every pair, baseline", s, m)  # TransformerLens: composition.py
         _, s, m = measure(lambda: k_composition_positivity(model))
         row("induction check (K-composition positivity)", s, m)
         _, clean = model.run_with_cache(repeated)
         _, s, m = measure(lambda: run_ablated(model, repeated, 0, 0, "mean", clean_cache=clean))
         runs = 2 * (cfg.n_layers - 1) * cfg.n_heads
         row(f"ablation: 1 run (x{runs} = the whole step)", s, m)
+
+
+def copying_step(model: qkov.Transformer) -> None:
+    """analyze's whole copying step (eigenvalues, baseline, the full-vocabulary direct measures) on
+    the first layer alone: its cost is the same for every layer."""
+    cfg = model.cfg
+    state = model.state_dict()
+    layer0 = {k: v for k, v in state.items() if not k.startswith("blocks.") or k.startswith("blocks.0.")}
+    one_layer = model_from_tensors(qkov.Config(**(cfg.to_dict() | {"n_layers": 1})), layer0, "layer 0")
+    _, s, m = measure(lambda: copying_analysis(one_layer))
+    row(f"copying: whole step, 1 layer (x{cfg.n_layers} = all)", s, m)
 
 
 if __name__ == "__main__":

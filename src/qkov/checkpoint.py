@@ -93,6 +93,12 @@ def read_tensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         raise QkovError(f"{file}: truncated or corrupt safetensors file ({reason})") from None
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """No NaN or infinity: one pass (NaN propagates through min and max), several times faster than
+    ``isfinite(tensor).all()`` on the CPU at GPT-2 size."""
+    return tensor.numel() == 0 or bool(torch.isfinite(torch.stack(torch.aminmax(tensor))).all())
+
+
 def check_weights(cfg: Config, tensors: dict[str, torch.Tensor], source: str) -> bool:
     """Validate tensor names, shapes, dtypes and values against ``cfg``; return whether biases
     are present."""
@@ -113,7 +119,7 @@ def check_weights(cfg: Config, tensors: dict[str, torch.Tensor], source: str) ->
             )
         if not tensor.dtype.is_floating_point:
             raise QkovError(f"{source}: tensor {name} has dtype {tensor.dtype}, expected floating point")
-        if not bool(torch.isfinite(tensor).all()):
+        if not all_finite(tensor):
             raise QkovError(f"{source}: tensor {name} has non-finite values (NaN or inf)")
     return any(name in optional for name in tensors)
 
@@ -136,7 +142,7 @@ def load_tokenizer(path: str | os.PathLike, d_vocab: int | None = None) -> Token
 def model_from_tensors(cfg: Config, tensors: dict[str, torch.Tensor], source: str) -> Transformer:
     """A model holding exactly ``tensors`` (validated), in their floating dtype."""
     biases = check_weights(cfg, tensors, source)
-    model = Transformer(cfg, biases=biases).to(tensors["W_E"].dtype)
+    model = Transformer(cfg, biases=biases, init=False).to(tensors["W_E"].dtype)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, param in params.items():

@@ -228,10 +228,11 @@ class Transformer(nn.Module):
     ``model(tokens)`` returns logits ``[batch, pos, d_vocab]``. Biases are absent by default (the
     paper's models have none); ``biases=True`` adds ``b_Q``, ``b_K``, ``b_V``, ``b_O`` to every
     layer, ``b_in`` and ``b_out`` to every MLP, and ``b_U``, initialised to zero. LayerNorm (``ln1``,
-    ``ln2``, ``ln_final``) and MLPs follow ``cfg.normalization`` and ``cfg.d_mlp``.
+    ``ln2``, ``ln_final``) and MLPs follow ``cfg.normalization`` and ``cfg.d_mlp``. With
+    ``init=False`` the weights are left uninitialised, for a caller that copies every one of them.
     """
 
-    def __init__(self, cfg: Config, biases: bool = False) -> None:
+    def __init__(self, cfg: Config, biases: bool = False, init: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
         self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
@@ -241,7 +242,8 @@ class Transformer(nn.Module):
         self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
         self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab)) if biases else None
         self.tokenizer = None  # a tokenizers.Tokenizer, set by qkov.load when the checkpoint has one
-        init_weights(self, torch.Generator().manual_seed(0))
+        if init:  # skipped by whoever fills every weight next (loading a checkpoint: seconds at GPT-2 size)
+            init_weights(self, torch.Generator().manual_seed(0))
 
     @property
     def has_biases(self) -> bool:

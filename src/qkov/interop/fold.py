@@ -32,7 +32,7 @@ import torch
 from einops import einsum
 from torch import Tensor
 
-from qkov.checkpoint import model_from_tensors
+from qkov.checkpoint import expected_shapes, model_from_tensors
 from qkov.config import Config
 from qkov.model import Transformer
 
@@ -56,10 +56,10 @@ class Folded:
 
 def state_with_biases(model: Transformer) -> dict[str, Tensor]:
     """Every parameter, cloned, with each absent bias as zeros (folding writes into biases)."""
-    full = Transformer(model.cfg, biases=True).to(model.W_E.dtype)
-    state = {name: torch.zeros_like(param) for name, param in full.named_parameters()}
-    state |= {name: param.detach().clone() for name, param in model.named_parameters()}
-    return state
+    _, biases = expected_shapes(model.cfg)
+    dtype = model.W_E.dtype
+    state = {name: torch.zeros(shape, dtype=dtype) for name, shape in biases.items()}
+    return state | {name: param.detach().clone() for name, param in model.named_parameters()}
 
 
 def centred(x: Tensor, dim: int) -> Tensor:

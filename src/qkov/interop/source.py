@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from qkov.checkpoint import load_tokenizer, model_from_tensors, read_tensors
+from qkov.checkpoint import all_finite, load_tokenizer, model_from_tensors, read_tensors
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.model import Transformer
@@ -75,7 +75,7 @@ def read_source_folder(folder: Path) -> SourceFolder:
 def check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
     """One line naming the first tensor (in the source's own names) with NaN or infinite values."""
     for name, tensor in tensors.items():
-        if tensor.dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
+        if tensor.dtype.is_floating_point and not all_finite(tensor):
             raise QkovError(f"{where}: tensor {name} has non-finite values (NaN or inf)")
 
 
