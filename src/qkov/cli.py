@@ -45,13 +45,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-ctx", type=int)
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--positional-embedding", choices=POSITIONAL_EMBEDDINGS, default="shortformer")
-    p.add_argument(
-        "--normalization", choices=NORMALIZATIONS, default="none", help="LayerNorm (default: none)"
-    )
-    p.add_argument(
-        "--d-mlp", type=int, default=0, help="MLP width after each attention layer (default 0: none)"
-    )
-    p.add_argument("--act-fn", choices=ACT_FNS, default="gelu_new", help="the MLP's activation")
+    p.add_argument("--normalization", choices=NORMALIZATIONS, help="LayerNorm (default: none)")
+    p.add_argument("--d-mlp", type=int, help="MLP width after each attention layer (default 0: none)")
+    p.add_argument("--act-fn", choices=ACT_FNS, help="the MLP's activation (default: gelu_new)")
     add_corpus_argument(p, "text files, folders or globs (repeatable); default: the Python standard library")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--embed-lr-mult", type=float, help="learning-rate multiplier for W_E and W_pos")
@@ -101,9 +97,9 @@ def train_command(args: argparse.Namespace) -> None:
             d_vocab=tokenizer.get_vocab_size(),
             n_ctx=pick["n_ctx"],
             positional_embedding=args.positional_embedding,
-            normalization=args.normalization,
-            d_mlp=args.d_mlp,
-            act_fn=args.act_fn,
+            normalization=args.normalization or "none",
+            d_mlp=args.d_mlp or 0,
+            act_fn=args.act_fn or "gelu_new",
         )
         train_cfg = TrainConfig(
             steps=pick["steps"],
@@ -147,6 +143,9 @@ def check_resume_flags(args: argparse.Namespace, model_cfg: Config, train_cfg: o
         ("batch_size", "batch_size"),
         ("lr", "lr"),
         ("precision", "precision"),
+        ("normalization", "normalization"),
+        ("d_mlp", "d_mlp"),
+        ("act_fn", "act_fn"),
     ):
         given = getattr(args, flag)
         if given is not None and given != saved[key]:
@@ -247,7 +246,7 @@ def import_command(args: argparse.Namespace) -> None:
 
     model, notes = import_checkpoint(args.src, args.out, fold=not args.no_fold)
     for note in notes:
-        console.print(f"note: {note}", highlight=False, markup=False)
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     cfg = model.cfg
     mlp = f"MLP d_mlp {cfg.d_mlp} ({cfg.act_fn})" if cfg.has_mlp else "attention-only"
     console.print(
@@ -255,6 +254,7 @@ def import_command(args: argparse.Namespace) -> None:
         f"{mlp}, normalization {cfg.normalization} (from {cfg.source}) into {args.out}",
         highlight=False,
         markup=False,
+        soft_wrap=True,
     )
 
 
