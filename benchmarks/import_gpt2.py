@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--n-ctx", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--skip", default="", help="comma-separated stages to leave out: copying-step, term-importance"
+        "--skip", default="", help="comma-separated stages of analyze to leave out, of: " + STAGES
     )
     args = parser.parse_args()
     warnings.simplefilter("ignore")
@@ -130,55 +130,73 @@ def main() -> None:
 
 
 def analyze_stages(model: qkov.Transformer, hooked, skip: set[str]) -> None:
-    """Each stage of ``qkov analyze`` for a model of 2+ layers, timed alone (no_grad, as analyze)."""
+    """Each stage of ``qkov analyze`` for a model of 2+ layers, timed alone (no_grad, as analyze),
+    but those named in ``skip`` (see ``STAGES``)."""
     cfg = model.cfg
     generator = torch.Generator().manual_seed(0)
     period = cfg.n_ctx // REPEATS
     repeated = repeated_random_tokens(REPEAT_BATCH, period, REPEATS, cfg.d_vocab, generator)
     with torch.no_grad():
-        _, s, m = measure(lambda: full_ov_circuit(model).to(torch.float64).eigenvalues())
-        _, ts, tm = measure(lambda: (hooked.W_E @ hooked.OV @ hooked.W_U).eigenvalues)
-        row("copying: full-OV eigenvalues, all heads", s, m, ts, tm)
-        full = full_ov_circuit(model).to(torch.float64)
-        _, s, m = measure(lambda: random_copying_scores(full[0, 0], 200, torch.Generator().manual_seed(0)))
-        row("copying: random baseline (200 draws)", s, m)
-        del full
+        if "eigenvalues" not in skip:
+            _, s, m = measure(lambda: full_ov_circuit(model).to(torch.float64).eigenvalues())
+            _, ts, tm = measure(lambda: (hooked.W_E @ hooked.OV @ hooked.W_U).eigenvalues)
+            row("copying: full-OV eigenvalues, all heads", s, m, ts, tm)
+        if "baseline" not in skip:
+            full = full_ov_circuit(model)[0, 0].to(torch.float64)
+            _, s, m = measure(lambda: random_copying_scores(full, 200, torch.Generator().manual_seed(0)))
+            row("copying: random baseline (200 draws)", s, m)
         if "copying-step" not in skip:
             copying_step(model)
-
-        def behaviour():
-            _, cache = model.run_with_cache(repeated)
-            return (
-                previous_token_scores(cache),
-                induction_scores(cache, period),
-                duplicate_token_scores(cache, period),
-            )
-
-        def tl_behaviour():
-            _, cache = hooked.run_with_cache(repeated)
-            return cache
-
-        _, s, m = measure(behaviour)
-        _, ts, tm = measure(tl_behaviour)
-        row(f"head scores: run_with_cache {REPEAT_BATCH} x {repeated.shape[1]} tokens", s, m, ts, tm)
-        _, s, m = measure(lambda: qk_term_rms(qk_terms(model)))
-        row("position versus content (QK terms)", s, m)
+        if "head-scores" not in skip:
+            head_scores(model, hooked, repeated, period)
+        if "qk-terms" not in skip:
+            _, s, m = measure(lambda: qk_term_rms(qk_terms(model)))
+            row("position versus content (QK terms)", s, m)
         if "term-importance" not in skip:
             _, s, m = measure(lambda: term_importance(model, repeated))
             row("term importance (repeated tokens)", s, m)
+        if "composition" not in skip:
 
-        def composition():
-            baseline = composition_baseline(cfg.d_model, cfg.d_head)
-            return {kind: raw - baseline for kind, raw in all_raw_composition_scores(model).items()}
+            def composition():
+                baseline = composition_baseline(cfg.d_model, cfg.d_head)
+                return {kind: raw - baseline for kind, raw in all_raw_composition_scores(model).items()}
 
-        _, s, m = measure(composition)
-        row("composition Q, K, V, every pair, baseline", s, m)  # TransformerLens: composition.py
-        _, s, m = measure(lambda: k_composition_positivity(model))
-        row("induction check (K-composition positivity)", s, m)
-        _, clean = model.run_with_cache(repeated)
-        _, s, m = measure(lambda: run_ablated(model, repeated, 0, 0, "mean", clean_cache=clean))
-        runs = 2 * (cfg.n_layers - 1) * cfg.n_heads
-        row(f"ablation: 1 run (x{runs} = the whole step)", s, m)
+            _, s, m = measure(composition)
+            row("composition Q, K, V, every pair, baseline", s, m)  # TransformerLens: composition.py
+        if "induction-check" not in skip:
+            _, s, m = measure(lambda: k_composition_positivity(model))
+            row("induction check (K-composition positivity)", s, m)
+        if "ablation" not in skip:
+            _, clean = model.run_with_cache(repeated)
+            _, s, m = measure(lambda: run_ablated(model, repeated, 0, 0, "mean", clean_cache=clean))
+            runs = 2 * (cfg.n_layers - 1) * cfg.n_heads
+            row(f"ablation: 1 run (x{runs} = the whole step)", s, m)
+
+
+STAGES = (
+    "eigenvalues, baseline, copying-step, head-scores, qk-terms, term-importance, composition, "
+    "induction-check, ablation"
+)
+
+
+def head_scores(model: qkov.Transformer, hooked, repeated: torch.Tensor, period: int) -> None:
+    """Previous-token, induction and duplicate-token scores from one cached run, in both libraries."""
+
+    def behaviour():
+        _, cache = model.run_with_cache(repeated)
+        return (
+            previous_token_scores(cache),
+            induction_scores(cache, period),
+            duplicate_token_scores(cache, period),
+        )
+
+    def tl_behaviour():
+        _, cache = hooked.run_with_cache(repeated)
+        return cache
+
+    _, s, m = measure(behaviour)
+    _, ts, tm = measure(tl_behaviour)
+    row(f"head scores: run_with_cache {REPEAT_BATCH} x {repeated.shape[1]} tokens", s, m, ts, tm)
 
 
 def copying_step(model: qkov.Transformer) -> None:
