@@ -174,3 +174,35 @@ def two_back_model(d_vocab: int = 32, n_ctx: int = 12) -> qkov.AttnOnlyTransform
                     a.W_V[0, prev + t, t] = 1.0
                     a.W_O[0, t, tok + t] = 5.0  # moderate: positions 0 and 1 have no token two back
     return model
+
+
+def with_layer_norm(model: qkov.Transformer) -> qkov.Transformer:
+    """The same algorithm behind LayerNorm (``normalization="LN"``, GPT-2's place for it): the
+    residual stream is mirrored, ``x -> [x, -x]``, so every vector in it already has mean zero and
+    LayerNorm only divides each position by its scale, a positive number per position, which
+    sharpens every score and logit but changes no argmax. Readers read the first half, writers
+    write both; LayerNorm's weight is drawn in ``[1, 1.1]`` and its bias is small, so folding them
+    is not trivial."""
+    cfg = model.cfg
+    d = cfg.d_model
+    ln_cfg = qkov.Config(**(cfg.to_dict() | {"d_model": 2 * d, "normalization": "LN"}))
+    mirrored = qkov.Transformer(ln_cfg)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in mirrored.named_parameters():
+            short = name.rsplit(".", 1)[-1]
+            if short == "w":
+                param.copy_(1.0 + 0.1 * torch.rand(param.shape, generator=gen))
+            elif short == "b":
+                param.copy_(0.001 * torch.randn(param.shape, generator=gen))
+            else:
+                param.zero_()
+        for write in ("W_E", "W_pos"):
+            W = getattr(model, write)
+            getattr(mirrored, write).copy_(torch.cat([W, -W], dim=-1))
+        mirrored.W_U[:d] = model.W_U
+        for ours, theirs in zip(mirrored.blocks, model.blocks, strict=True):
+            for read in ("W_Q", "W_K", "W_V"):
+                getattr(ours.attn, read)[:, :d] = getattr(theirs.attn, read)
+            ours.attn.W_O.copy_(torch.cat([theirs.attn.W_O, -theirs.attn.W_O], dim=-1))
+    return mirrored

@@ -141,7 +141,7 @@ def broken(name):
             lambda f: (write_by_hand(f), (f / "config.json").write_text("{n_layers: 2")),
             "not valid JSON",
         ),
-        "config field": (lambda f: write_by_hand(f, config=CFG.to_dict() | {"d_mlp": 4}), "unknown field"),
+        "config field": (lambda f: write_by_hand(f, config=CFG.to_dict() | {"d_ff": 4}), "unknown field"),
         "config value": (
             lambda f: write_by_hand(f, config=CFG.to_dict() | {"n_heads": -1}),
             "n_heads must be a positive integer",
@@ -199,3 +199,34 @@ def test_broken_checkpoint_gives_one_clear_error(tmp_path, name):
 def test_loading_a_folder_that_does_not_exist(tmp_path):
     with pytest.raises(qkov.QkovError, match="no such checkpoint folder"):
         qkov.load(tmp_path / "nope")
+
+
+def test_a_config_from_before_layer_norm_and_mlps_loads_as_attention_only(tmp_path):
+    old = {
+        k: v
+        for k, v in CFG.to_dict().items()
+        if k not in ("normalization", "d_mlp", "act_fn", "ln_eps", "source")
+    }
+    assert len(old) == 7
+    write_by_hand(tmp_path, config=old)
+    model = qkov.load(tmp_path)
+    assert model.cfg == CFG and model.cfg.source == "qkov" and model.ln_final is None
+    assert all(block.mlp is None and block.ln1 is None for block in model.blocks)
+
+
+@pytest.mark.parametrize("normalization", ["LN", "LNPre"])
+def test_a_layer_norm_mlp_checkpoint_round_trips_and_names_a_missing_norm(tmp_path, normalization):
+    cfg = qkov.Config(
+        **(CFG.to_dict() | {"normalization": normalization, "d_mlp": 12, "positional_embedding": "standard"})
+    )
+    model = random_model(cfg, biases=True)
+    qkov.save(model, tmp_path / "ckpt")
+    loaded = qkov.load(tmp_path / "ckpt")
+    tokens = torch.randint(0, 30, (2, 6))
+    assert torch.equal(model(tokens), loaded(tokens))
+    if normalization == "LN":
+        required, _ = expected_shapes(cfg)
+        tensors = {n: np.ones(s, dtype=np.float32) for n, s in required.items() if n != "blocks.1.ln2.b"}
+        write_by_hand(tmp_path / "broken", cfg, tensors=tensors)
+        with pytest.raises(qkov.QkovError, match="missing tensor blocks.1.ln2.b"):
+            qkov.load(tmp_path / "broken")

@@ -261,3 +261,53 @@ def test_a_virtual_two_back_head_lives_in_a_second_order_path():
     importance = qkov.term_importance(model, period_three)
     assert importance.marginal[1] > 1.5  # the second-order term does the predicting
     assert abs(importance.marginal[0]) < 0.5
+
+
+# -- GPT-2-style models: frozen LayerNorm scales and MLP writes ------------------------------------
+
+GPT2_STYLE = [("LN", 0), ("LN", 24), ("LNPre", 24), ("none", 24), ("LNPre", 0)]
+
+
+def heads_on(path):
+    return sum(not name.endswith("MLP") for name in path)
+
+
+@pytest.mark.parametrize(("normalization", "d_mlp"), GPT2_STYLE)
+@pytest.mark.parametrize("n_layers", [1, 2, 3])
+@pytest.mark.parametrize("biases", [False, True])
+def test_gpt2_style_path_terms_sum_to_the_logits_in_float64(normalization, d_mlp, n_layers, biases):
+    model = float64_model(
+        n_layers, "standard", biases=biases, seed=n_layers, normalization=normalization, d_mlp=d_mlp
+    )
+    tokens = tokens_for(model)
+    logits = model(tokens)
+    terms = qkov.path_expansion(model, tokens)
+    n_paths = sum((3 + 1) ** (n_layers - layer - 1) for layer in range(n_layers)) if d_mlp else 0
+    assert len(terms) == 4**n_layers + n_paths + (biases or normalization == "LN")
+    torch.testing.assert_close(sum(terms.values()), logits, rtol=1e-10, atol=1e-10)
+    by_order = qkov.path_expansion(model, tokens, by="order")
+    torch.testing.assert_close(sum(by_order.values()), logits, rtol=1e-10, atol=1e-10)
+    if d_mlp:
+        mlp = sum(t for p, t in terms.items() if p != "bias" and p and p[0].endswith("MLP"))
+        torch.testing.assert_close(by_order["mlp"], mlp, rtol=1e-10, atol=1e-10)
+    if normalization != "none":  # the direct path, written out: the final LayerNorm's linear part
+        _, cache = model.run_with_cache(tokens)
+        x = model.embed(tokens)[0]
+        x = (x - x.mean(-1, keepdim=True)) / cache["ln_final.hook_scale"]
+        x = x * model.ln_final.w if normalization == "LN" else x
+        torch.testing.assert_close(terms[()], x @ model.W_U, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("d_mlp", [0, 24])
+@pytest.mark.parametrize("n_layers", [1, 2, 3])
+def test_gpt2_style_term_importance_equals_the_loss_of_path_sums(d_mlp, n_layers):
+    """LNPre without biases: no constant term, so each order's loss is that of a sum of paths
+    (orders count heads; MLP writes are kept at every order)."""
+    model = float64_model(n_layers, "standard", seed=n_layers, normalization="LNPre", d_mlp=d_mlp)
+    tokens = tokens_for(model, batch=4)
+    result = qkov.term_importance(model, tokens)
+    assert result.loss_by_order[-1] == pytest.approx(ce(model(tokens), tokens), rel=1e-10)
+    terms = qkov.path_expansion(model, tokens)
+    for order in range(n_layers + 1):
+        kept = sum(t for p, t in terms.items() if heads_on(p) <= order)
+        assert result.loss_by_order[order] == pytest.approx(ce(kept, tokens), rel=1e-10)

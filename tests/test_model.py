@@ -43,6 +43,65 @@ def test_forward_matches_float64_reference(scheme, n_layers, biases):
         )
 
 
+GPT2_STYLE = [  # (normalization, d_mlp, act_fn, scheme)
+    ("LN", 0, "gelu_new", "standard"),
+    ("LN", 20, "gelu_new", "standard"),
+    ("LNPre", 20, "gelu", "standard"),
+    ("none", 20, "relu", "none"),
+    ("LN", 20, "relu", "shortformer"),
+]
+
+
+@pytest.mark.parametrize(("normalization", "d_mlp", "act_fn", "scheme"), GPT2_STYLE)
+@pytest.mark.parametrize("n_layers", [1, 3])
+@pytest.mark.parametrize("biases", [False, True])
+def test_layer_norm_and_mlp_forward_matches_float64_reference(
+    normalization, d_mlp, act_fn, scheme, n_layers, biases
+):
+    cfg = qkov.Config(
+        n_layers=n_layers,
+        n_heads=3,
+        d_model=12,
+        d_head=5,
+        d_vocab=17,
+        n_ctx=9,
+        positional_embedding=scheme,
+        normalization=normalization,
+        d_mlp=d_mlp,
+        act_fn=act_fn,
+    )
+    model = random_model(cfg, seed=n_layers, biases=biases).double()
+    tokens = torch.randint(0, cfg.d_vocab, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected, patterns, writes, resid = reference_forward(weights_of(model), cfg, tokens.numpy())
+    logits, cache = model.run_with_cache(tokens)
+    np.testing.assert_allclose(model(tokens).detach().numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(logits.detach().numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        cache[f"blocks.{n_layers - 1}.hook_resid_post"].detach().numpy(), resid, rtol=1e-10, atol=1e-10
+    )
+    for layer in range(n_layers):
+        np.testing.assert_allclose(
+            cache[f"blocks.{layer}.attn.hook_result"].detach().numpy(), writes[layer], rtol=1e-10, atol=1e-10
+        )
+    # the loss goes through the same final norm
+    expected_loss = torch.nn.functional.cross_entropy(
+        torch.from_numpy(expected[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()
+    )
+    torch.testing.assert_close(model.loss(tokens), expected_loss, rtol=1e-10, atol=1e-10)
+
+
+def test_attention_only_default_is_unchanged():
+    """The new options default to today's attention-only model: same parameters, same draws."""
+    cfg = qkov.Config(n_layers=2, n_heads=2, d_model=8, d_head=4, d_vocab=11, n_ctx=6)
+    model = qkov.AttnOnlyTransformer(cfg)
+    assert qkov.AttnOnlyTransformer is qkov.Transformer
+    assert (cfg.normalization, cfg.d_mlp, cfg.source) == ("none", 0, "qkov")
+    expected = ["W_E", "W_pos", "W_U"] + [f"blocks.{layer}.attn.W_{x}" for layer in range(2) for x in "QKVO"]
+    assert sorted(name for name, _ in model.named_parameters()) == sorted(expected)
+    # the initialisation draws exactly what it did before MLPs existed (W_E is the first draw)
+    torch.testing.assert_close(model.W_E, torch.randn(11, 8, generator=torch.Generator().manual_seed(0)))
+
+
 def test_float32_forward_is_close_to_float64():
     """float32 rounding only (at most 2.4e-5 of the logits' scale over 200 token draws of this
     model, whose large random weights make sharp softmaxes), never a wrong formula."""
@@ -131,6 +190,15 @@ def test_config_rejects_nonpositive_sizes(field):
 def test_config_rejects_unknown_positional_embedding():
     with pytest.raises(qkov.QkovError, match="positional_embedding"):
         qkov.Config(1, 2, 8, 4, 20, 8, positional_embedding="rotary")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("normalization", "RMS"), ("act_fn", "solu_ln"), ("d_mlp", -1), ("ln_eps", 0.0), ("source", "hub")],
+)
+def test_config_rejects_unsupported_options(field, value):
+    with pytest.raises(qkov.QkovError, match=f"config: {field} must be"):
+        qkov.Config(1, 2, 8, 4, 20, 8, **{field: value})
 
 
 # --- TransformerLens 3.x as an oracle -------------------------------------------------------------

@@ -77,6 +77,7 @@ def analysed() -> dict[str, Results]:
 # diagonal statistics streamed in the weights' float32, so copying numbers agree to float32
 # precision, not bit for bit; and self_top1 counts a token only when its own logit is its row's
 # strict maximum, so a head whose rows are constant no longer "copies" the token that sorts first.
+ADDED_CONFIG = {"normalization": "none", "d_mlp": 0, "act_fn": "gelu_new", "ln_eps": 1e-5, "source": "qkov"}
 FLOAT_TOLERANCE = 1e-6
 ROUNDED = 1e-5  # eigenvalues are written to 5 decimals: a float32 difference can flip the last one
 KNOWN_CHANGES = {  # (now, before): heads whose rows are all zero but one (1-layer) or all zero
@@ -106,6 +107,8 @@ def assert_same(new: object, old: object, where: str) -> None:
 def test_the_numbers_are_the_untyped_versions(analysed, name):
     reference = json.loads((DATA / f"results_{name}.json").read_text())
     new = old_layout(json.loads(to_json(analysed[name])))
+    added = {k: new["config"].pop(k) for k in list(new["config"]) if k not in reference["config"]}
+    assert added == ADDED_CONFIG  # GPT-2-style options since: their attention-only defaults
     for head_new, head_old in zip(new["heads"], reference["heads"], strict=True):
         for field in list(head_old):
             change = KNOWN_CHANGES.get((name, head_old["name"], field))

@@ -165,3 +165,28 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tiny_corpus, tmp_path):
     step = int(load_state_step(out / STATE_FILE))
     assert step >= 100
     assert qkov.load(out).cfg.n_layers == 1
+
+
+def test_a_layer_norm_mlp_model_trains_from_the_command_line(tiny_corpus, tmp_path):
+    """The same trainer runs GPT-2-style configs: LayerNorm, an MLP, GELU."""
+    out = tmp_path / "ln"
+    gpt2_style = [
+        "--normalization",
+        "LN",
+        "--d-mlp",
+        "64",
+        "--act-fn",
+        "gelu_new",
+        "--positional-embedding",
+        "standard",
+    ]
+    run = qkov_cli(
+        "train", "--layers", "2", "--corpus", str(tiny_corpus), *TINY, *gpt2_style,
+        "--steps", "60", "--eval-every", "20", "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    model = qkov.load(out)
+    assert (model.cfg.normalization, model.cfg.d_mlp, model.cfg.source) == ("LN", 64, "qkov")
+    assert model.blocks[1].ln2 is not None and model.blocks[1].mlp.W_in.shape == (32, 64)
+    losses = [json.loads(row)["eval_loss"] for row in (out / "metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < losses[0] - 0.5

@@ -45,8 +45,9 @@ from qkov.circuits.qk_ov import (
 from qkov.circuits.spectra import HeadSpectrum, head_spectra
 from qkov.config import Config
 from qkov.errors import QkovError
+from qkov.interop import from_hf, from_transformer_lens
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix, TopK
-from qkov.model import AttnOnlyTransformer
+from qkov.model import AttnOnlyTransformer, Transformer
 from qkov.results import Reproduction, Results, load_results
 
 __all__ = [
@@ -62,12 +63,15 @@ __all__ = [
     "Results",
     "SharedFactoredMatrix",
     "TermImportance",
+    "Transformer",
     "TopK",
     "compare_copying",
     "composition_baseline",
     "composition_scores",
     "copying_score",
     "direct_copying",
+    "from_hf",
+    "from_transformer_lens",
     "frozen_patterns",
     "full_ov_circuit",
     "full_qk_circuit",

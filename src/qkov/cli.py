@@ -16,7 +16,7 @@ import torch
 from rich.console import Console
 
 from qkov.checkpoint import load_config, load_tokenizer
-from qkov.config import POSITIONAL_EMBEDDINGS, Config
+from qkov.config import ACT_FNS, NORMALIZATIONS, POSITIONAL_EMBEDDINGS, Config
 from qkov.errors import QkovError
 from qkov.recipes import recipe
 from qkov.results import Results
@@ -62,6 +62,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-ctx", type=int)
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--positional-embedding", choices=POSITIONAL_EMBEDDINGS, default="shortformer")
+    p.add_argument("--normalization", choices=NORMALIZATIONS, help="LayerNorm (default: none)")
+    p.add_argument("--d-mlp", type=int, help="MLP width after each attention layer (default 0: none)")
+    p.add_argument("--act-fn", choices=ACT_FNS, help="the MLP's activation (default: gelu_new)")
     add_corpus_argument(p, "text files, folders or globs (repeatable); default: the Python standard library")
     p.add_argument("--embed-lr-mult", type=float, help="learning-rate multiplier for W_E and W_pos")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 autocasts matmuls to bfloat16")
@@ -107,6 +110,9 @@ def train_command(args: argparse.Namespace) -> None:
             d_vocab=tokenizer.get_vocab_size(),
             n_ctx=pick["n_ctx"],
             positional_embedding=args.positional_embedding,
+            normalization=args.normalization or "none",
+            d_mlp=args.d_mlp or 0,
+            act_fn=args.act_fn or "gelu_new",
         )
         train_cfg = TrainConfig(
             steps=pick["steps"],
@@ -150,6 +156,9 @@ def check_resume_flags(args: argparse.Namespace, model_cfg: Config, train_cfg: o
         ("batch_size", "batch_size"),
         ("lr", "lr"),
         ("precision", "precision"),
+        ("normalization", "normalization"),
+        ("d_mlp", "d_mlp"),
+        ("act_fn", "act_fn"),
     ):
         given = getattr(args, flag)
         if given is not None and given != saved[key]:
@@ -214,6 +223,8 @@ def summary_lines(results: Results) -> list[str]:
     """A few lines a person reads first: the headline numbers of one model's results."""
     cfg = results.config
     lines = [f"{cfg.n_layers}-layer model, {cfg.n_heads} heads per layer, d_model {cfg.d_model}"]
+    if cfg.source != "qkov" or cfg.normalization != "none" or cfg.d_mlp:
+        lines[0] += f" (from {cfg.source}; normalization {cfg.normalization}; d_mlp {cfg.d_mlp})"
     if (b := results.bigram) is not None:
         correlation = "undefined" if b.correlation is None else f"{b.correlation:.3f}"
         lines.append(f"  direct path vs corpus bigrams: correlation {correlation}, KL {b.kl:.3f} nats")
@@ -229,6 +240,37 @@ def summary_lines(results: Results) -> list[str]:
                     f"induction {h.induction_score:.2f}, copying {copying.get(h.name) or 0.0:+.2f}"
                 )
     return lines
+
+
+def add_import_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "import",
+        help="import a Hugging Face GPT-2 or TransformerLens folder as a qkov checkpoint",
+        description="Read SRC, a Hugging Face GPT-2 folder (config.json, model.safetensors, "
+        "[tokenizer.json]) or a TransformerLens folder (config.json from cfg.to_dict(), "
+        "model.safetensors from state_dict()), fold its LayerNorm and centre its weights as "
+        "TransformerLens does, and write a qkov checkpoint folder.",
+    )
+    p.add_argument("src", help="the folder to import")
+    p.add_argument("--out", required=True, help="the qkov checkpoint folder to write")
+    p.add_argument("--no-fold", action="store_true", help="keep LayerNorm as it is and change no weight")
+
+
+def import_command(args: argparse.Namespace) -> None:
+    from qkov.interop import import_checkpoint
+
+    model, notes = import_checkpoint(args.src, args.out, fold=not args.no_fold)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    cfg = model.cfg
+    mlp = f"MLP d_mlp {cfg.d_mlp} ({cfg.act_fn})" if cfg.has_mlp else "attention-only"
+    console.print(
+        f"imported {cfg.n_layers} layers x {cfg.n_heads} heads, d_model {cfg.d_model}, {cfg.d_vocab} tokens, "
+        f"{mlp}, normalization {cfg.normalization} (from {cfg.source}) into {args.out}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
@@ -299,6 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     add_analyze_parser(sub)
     add_reproduce_parser(sub)
     add_serve_parser(sub)
+    add_import_parser(sub)
     info = sub.add_parser("info", help="validate a checkpoint folder and describe it")
     info.add_argument("checkpoint")
     sub.add_parser("schema", help="print the JSON Schema of results.json")
@@ -311,6 +354,7 @@ def main(argv: list[str] | None = None) -> None:
             "analyze": analyze_command,
             "reproduce": reproduce_command,
             "serve": serve_command,
+            "import": import_command,
         }[args.command](args)
     except QkovError as err:
         print(f"qkov: error: {err}", file=sys.stderr)

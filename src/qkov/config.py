@@ -1,7 +1,18 @@
-"""The shape of an attention-only transformer, as in the paper's "Model Details" appendix.
+"""The shape of a transformer: by default attention-only, as in the paper's "Model Details" appendix.
 
-An attention-only model has no MLP, no LayerNorm and (by default) no biases. Its positions follow
-one of three schemes:
+The default model has no MLP, no LayerNorm and (by default) no biases. GPT-2-style models add
+options of the same model (imported from Hugging Face or TransformerLens, or trained):
+
+- ``normalization``: ``"none"`` (the paper's models), ``"LN"`` (LayerNorm with weight ``w`` and bias
+  ``b`` before each attention layer, each MLP and the unembedding, as GPT-2) or ``"LNPre"``
+  (LayerNorm whose ``w`` and ``b`` were folded into the following weights: centre and divide by the
+  scale only, as TransformerLens names it; appendix "Handling Layer Normalization");
+- ``d_mlp``: the MLP's hidden width after each attention layer (0: attention-only), with ``act_fn``;
+- ``ln_eps``: LayerNorm's epsilon;
+- ``source``: where the weights came from (``"qkov"``: trained here, ``"huggingface"``,
+  ``"transformer_lens"``), so results can say so.
+
+Positions follow one of three schemes:
 
 - ``"shortformer"`` (the paper's): ``W_pos[:pos]`` is added to the inputs of ``W_Q`` and ``W_K`` in
   every layer, never to the residual stream or the values, so the OV circuits never see position;
@@ -19,11 +30,16 @@ from typing import Any
 from qkov.errors import QkovError
 
 POSITIONAL_EMBEDDINGS = ("shortformer", "standard", "none")
+NORMALIZATIONS = ("none", "LN", "LNPre")
+ACT_FNS = ("gelu_new", "gelu", "relu")
+SOURCES = ("qkov", "huggingface", "transformer_lens")
 
 
 @dataclass(frozen=True)
 class Config:
-    """Hyper-parameters of an attention-only transformer; the fields of ``config.json``."""
+    """Hyper-parameters of a transformer; the fields of ``config.json``. A ``config.json`` written
+    before LayerNorm and MLPs existed lacks the new fields and loads with their defaults: the
+    attention-only model it describes."""
 
     n_layers: int
     n_heads: int
@@ -32,6 +48,11 @@ class Config:
     d_vocab: int
     n_ctx: int
     positional_embedding: str = "shortformer"
+    normalization: str = "none"
+    d_mlp: int = 0
+    act_fn: str = "gelu_new"
+    ln_eps: float = 1e-5
+    source: str = "qkov"
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "d_model", "d_head", "d_vocab", "n_ctx"):
@@ -40,16 +61,34 @@ class Config:
                 raise QkovError(f"config: {name} must be a positive integer, got {value!r}")
         if not isinstance(self.n_layers, int) or isinstance(self.n_layers, bool) or self.n_layers < 0:
             raise QkovError(f"config: n_layers must be a non-negative integer, got {self.n_layers!r}")
-        if self.positional_embedding not in POSITIONAL_EMBEDDINGS:
-            raise QkovError(
-                f"config: positional_embedding must be one of {', '.join(POSITIONAL_EMBEDDINGS)}, "
-                f"got {self.positional_embedding!r}"
-            )
+        for name, allowed in (
+            ("positional_embedding", POSITIONAL_EMBEDDINGS),
+            ("normalization", NORMALIZATIONS),
+            ("act_fn", ACT_FNS),
+            ("source", SOURCES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise QkovError(
+                    f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.d_mlp, int) or isinstance(self.d_mlp, bool) or self.d_mlp < 0:
+            raise QkovError(f"config: d_mlp must be a non-negative integer, got {self.d_mlp!r}")
+        if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, int | float) or not self.ln_eps > 0:
+            raise QkovError(f"config: ln_eps must be a positive number, got {self.ln_eps!r}")
 
     @property
     def has_positions(self) -> bool:
         """Whether the model has a ``W_pos`` tensor."""
         return self.positional_embedding != "none"
+
+    @property
+    def has_mlp(self) -> bool:
+        return self.d_mlp > 0
+
+    @property
+    def has_layer_norm(self) -> bool:
+        """Whether the residual stream is normalised (``LN`` or ``LNPre``) before it is read."""
+        return self.normalization != "none"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

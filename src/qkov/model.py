@@ -1,4 +1,5 @@
-"""An attention-only transformer in the paper's form (section "Transformer Overview").
+"""A transformer in the paper's form (section "Transformer Overview"): attention-only by default,
+with LayerNorm, MLPs and biases as options for GPT-2-style models.
 
 Named axes, used identically in shapes, code and docs:
 
@@ -13,10 +14,21 @@ writes ``W_O W_V x``. Weights carry TransformerLens' names and shapes (``W_E``, 
 ``blocks.{l}.attn.W_Q`` ...), so they can move between the two libraries.
 
 The residual stream is a sum (section "Residual Stream"): the embedding (plus positions in the
-standard scheme) plus every head's write. :meth:`AttnOnlyTransformer.run_with_cache` returns each
-of those writes, and it can run with *frozen* attention patterns (section "OV and QK
-Independence"): given the patterns, the whole model is linear in its input, which is what path
-expansion needs.
+standard scheme) plus every head's write (plus every MLP's write and bias). :meth:`Transformer.run_with_cache`
+returns each of those writes, and it can run with *frozen* attention patterns (section "OV and QK
+Independence"): given the patterns, an attention-only model without LayerNorm is linear in its input,
+which is what path expansion needs (with LayerNorm, :mod:`qkov.circuits.paths` also freezes each
+position's LayerNorm scale, as the paper's appendix "Handling Layer Normalization" does).
+
+GPT-2-style options (see :mod:`qkov.config`): with ``normalization="LN"`` each attention layer reads
+``ln1(x)``, each MLP ``ln2(x)`` and the unembedding ``ln_final(x)``, where
+``LN(x) = (x - mean(x)) / scale(x) * w + b`` and ``scale(x) = sqrt(var(x) + eps)`` (``"LNPre"``: the
+same without ``w`` and ``b``, which were folded into the next weights). With ``d_mlp > 0`` every
+block adds ``MLP(x) = act(x W_in + b_in) W_out + b_out`` after its attention layer (the paper's
+``W_out act(W_in x)``).
+
+:class:`AttnOnlyTransformer` is another name for :class:`Transformer`, the name the attention-only
+model had before it grew these options; both name the same class.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from torch import Tensor, nn
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.loss import unembed_cross_entropy
-from qkov.names import hook_name
+from qkov.names import hook_name, norm_name, scale_hook
 
 
 class Attention(nn.Module):
@@ -135,35 +147,104 @@ class Attention(nn.Module):
         return writes, pattern
 
 
-class Block(nn.Module):
-    """A residual block: one attention layer (no MLP, no LayerNorm, as in the paper)."""
+class LayerNorm(nn.Module):
+    """LayerNorm with TransformerLens' names: ``LN(x) = (x - mean(x)) / scale(x) * w + b`` over
+    ``d_model``, ``scale(x) = sqrt(mean((x - mean(x))^2) + eps)``. Without ``w`` and ``b`` (``"LNPre"``)
+    it only centres and divides by the scale (appendix "Handling Layer Normalization": the weight
+    and bias fold into the next linear map, the scale does not)."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.eps = cfg.ln_eps
+        affine = cfg.normalization == "LN"
+        self.w = nn.Parameter(torch.ones(cfg.d_model)) if affine else None
+        self.b = nn.Parameter(torch.zeros(cfg.d_model)) if affine else None
+
+    def scale(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... 1"]:
+        centred = x - x.mean(-1, keepdim=True)
+        return (centred.square().mean(-1, keepdim=True) + self.eps).sqrt()
+
+    def linear(self, x: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"]) -> Tensor:
+        """The linear part with the scale given (frozen): ``(x - mean(x)) / scale * w``, no ``b``."""
+        out = (x - x.mean(-1, keepdim=True)) / scale
+        return out if self.w is None else out * self.w
+
+    def forward(
+        self, x: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"] | None = None
+    ) -> Float[Tensor, "... d_model"]:
+        """``LN(x)``; with ``scale`` given (frozen), affine in ``x``."""
+        out = self.linear(x, self.scale(x) if scale is None else scale)
+        return out if self.b is None else out + self.b
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+class MLP(nn.Module):
+    """A position-wise MLP: ``act(x W_in + b_in) W_out + b_out`` (the paper, column vectors:
+    ``W_out act(W_in x)``), ``W_in [d_model, d_mlp]``, ``W_out [d_mlp, d_model]``."""
 
     def __init__(self, cfg: Config, biases: bool = False) -> None:
         super().__init__()
+        self.act = ACTIVATIONS[cfg.act_fn]
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if biases else None
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if biases else None
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = x @ self.W_in
+        post = self.act(pre if self.b_in is None else pre + self.b_in)
+        out = post @ self.W_out
+        return out if self.b_out is None else out + self.b_out
+
+
+def normalized(ln: LayerNorm | None, x: Tensor) -> Tensor:
+    """``ln(x)``, or ``x`` itself in a model without LayerNorm."""
+    return x if ln is None else ln(x)
+
+
+class Block(nn.Module):
+    """A residual block: an attention layer (reading ``ln1(x)`` when the model has LayerNorm) and,
+    when ``d_mlp > 0``, an MLP (reading ``ln2(x)``). The paper's models have neither norm nor MLP."""
+
+    def __init__(self, cfg: Config, biases: bool = False) -> None:
+        super().__init__()
+        self.ln1 = LayerNorm(cfg) if cfg.has_layer_norm else None
         self.attn = Attention(cfg, biases)
+        self.ln2 = LayerNorm(cfg) if cfg.has_layer_norm and cfg.has_mlp else None
+        self.mlp = MLP(cfg, biases) if cfg.has_mlp else None
 
 
 ActivationCache = dict[str, Tensor]
 
 
-class AttnOnlyTransformer(nn.Module):
-    """An attention-only transformer with TransformerLens weight names (see the module docstring).
+class Transformer(nn.Module):
+    """A transformer with TransformerLens weight names (see the module docstring).
 
     ``model(tokens)`` returns logits ``[batch, pos, d_vocab]``. Biases are absent by default (the
     paper's models have none); ``biases=True`` adds ``b_Q``, ``b_K``, ``b_V``, ``b_O`` to every
-    layer and ``b_U``, initialised to zero.
+    layer, ``b_in`` and ``b_out`` to every MLP, and ``b_U``, initialised to zero. LayerNorm (``ln1``,
+    ``ln2``, ``ln_final``) and MLPs follow ``cfg.normalization`` and ``cfg.d_mlp``. With
+    ``init=False`` the weights are left uninitialised, for a caller that copies every one of them.
     """
 
-    def __init__(self, cfg: Config, biases: bool = False) -> None:
+    def __init__(self, cfg: Config, biases: bool = False, init: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
         self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
         self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model)) if cfg.has_positions else None
         self.blocks = nn.ModuleList(Block(cfg, biases) for _ in range(cfg.n_layers))
+        self.ln_final = LayerNorm(cfg) if cfg.has_layer_norm else None
         self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
         self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab)) if biases else None
         self.tokenizer = None  # a tokenizers.Tokenizer, set by qkov.load when the checkpoint has one
-        init_weights(self, torch.Generator().manual_seed(0))
+        if init:  # skipped by whoever fills every weight next (loading a checkpoint: seconds at GPT-2 size)
+            init_weights(self, torch.Generator().manual_seed(0))
 
     @property
     def has_biases(self) -> bool:
@@ -209,14 +290,17 @@ class AttnOnlyTransformer(nn.Module):
         return resid, positions
 
     def unembed(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        logits = resid @ self.W_U
+        """Logits of a final residual stream: ``ln_final(resid) @ W_U + b_U``."""
+        logits = normalized(self.ln_final, resid) @ self.W_U
         return logits if self.b_U is None else logits + self.b_U
 
     def residual(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
-        """The final residual stream (the fast path: no per-head writes are kept)."""
+        """The final residual stream, before ``ln_final`` (the fast path: no per-head writes are kept)."""
         resid, qk_positions = self.embed(tokens)
         for block in self.blocks:
-            resid = resid + block.attn(resid, qk_positions)
+            resid = resid + block.attn(normalized(block.ln1, resid), qk_positions)
+            if block.mlp is not None:
+                resid = resid + block.mlp(normalized(block.ln2, resid))
         return resid
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
@@ -227,7 +311,7 @@ class AttnOnlyTransformer(nn.Module):
         (so up to ``n_ctx + 1`` tokens per sequence), with the unembedding fused into the loss
         (no full logits tensor; see :mod:`qkov.loss`)."""
         tokens = self.check_tokens(tokens, max_pos=self.cfg.n_ctx + 1)
-        resid = self.residual(tokens[:, :-1])
+        resid = normalized(self.ln_final, self.residual(tokens[:, :-1]))
         return unembed_cross_entropy(resid.flatten(0, 1), self.W_U, self.b_U, tokens[:, 1:].flatten())
 
     def run_with_cache(
@@ -243,10 +327,14 @@ class AttnOnlyTransformer(nn.Module):
         ``blocks.{l}.attn.hook_pattern`` ``[batch, n_heads, dest, src]``,
         ``blocks.{l}.attn.hook_result`` (every head's write, ``[batch, pos, n_heads, d_model]``) and
         ``blocks.{l}.hook_resid_post``. The final residual stream is the start of the stream
-        plus the sum of all head writes (plus every ``b_O`` when the model has biases).
+        plus the sum of all head writes (plus every ``b_O`` when the model has biases). With MLPs,
+        also ``blocks.{l}.hook_resid_mid`` (after attention) and ``blocks.{l}.hook_mlp_out`` (the
+        MLP's write, ``b_out`` included); with LayerNorm, each norm's scale ``[batch, pos, 1]``:
+        ``blocks.{l}.ln1.hook_scale``, ``blocks.{l}.ln2.hook_scale`` and ``ln_final.hook_scale``.
 
         ``patterns``, one per layer, freezes the attention: the given patterns are used instead of
-        the ones the queries and keys would give, and the model is then linear in its input.
+        the ones the queries and keys would give, and a model without LayerNorm or MLPs is then
+        linear in its input (affine with biases).
 
         ``edit_writes(layer, writes)``, when given, replaces each layer's head writes
         ``[batch, pos, n_heads, d_model]`` before they join the stream (ablations); the cache holds
@@ -262,7 +350,8 @@ class AttnOnlyTransformer(nn.Module):
         for layer, block in enumerate(self.blocks):
             cache[hook_name(layer, "resid_pre")] = resid
             frozen = None if patterns is None else patterns[layer]
-            writes, pattern = block.attn.head_writes(resid, qk_positions, frozen)
+            attn_in = self._norm(block.ln1, resid, cache, norm_name(layer, "ln1"))
+            writes, pattern = block.attn.head_writes(attn_in, qk_positions, frozen)
             if edit_writes is not None:
                 writes = edit_writes(layer, writes)
             cache[hook_name(layer, "pattern")] = pattern
@@ -270,8 +359,23 @@ class AttnOnlyTransformer(nn.Module):
             resid = resid + writes.sum(dim=2)
             if block.attn.b_O is not None:
                 resid = resid + block.attn.b_O
+            if block.mlp is not None:
+                cache[hook_name(layer, "resid_mid")] = resid
+                mlp_out = block.mlp(self._norm(block.ln2, resid, cache, norm_name(layer, "ln2")))
+                cache[hook_name(layer, "mlp_out")] = mlp_out
+                resid = resid + mlp_out
             cache[hook_name(layer, "resid_post")] = resid
+        if self.ln_final is not None:
+            cache[scale_hook(norm_name(None, "ln_final"))] = self.ln_final.scale(resid)
         return self.unembed(resid), cache
+
+    @staticmethod
+    def _norm(ln: LayerNorm | None, x: Tensor, cache: ActivationCache, name: str) -> Tensor:
+        """``ln(x)``, with its scale recorded in ``cache`` as ``{name}.hook_scale``."""
+        if ln is None:
+            return x
+        scale = cache[scale_hook(name)] = ln.scale(x)
+        return ln(x, scale)
 
 
 def sinusoidal_positions(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_model"]:
@@ -284,15 +388,20 @@ def sinusoidal_positions(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_mod
     return (table * math.sqrt(2.0)).float()
 
 
+AttnOnlyTransformer = Transformer  # the attention-only default's name, kept for existing code
+
+
 @torch.no_grad()
-def init_weights(model: AttnOnlyTransformer, generator: torch.Generator) -> None:
+def init_weights(model: Transformer, generator: torch.Generator) -> None:
     """An initialisation that keeps the residual stream O(1) without LayerNorm.
 
     Measured here: GPT-2's N(0, 0.02) leaves attention exactly uniform for hundreds of steps in an
     attention-only model with no LayerNorm. Instead ``W_E ~ N(0, 1)``; ``W_pos`` = unit-variance
     sinusoids (previous-token heads form 2-3x sooner than from random positions);
     ``W_Q, W_K, W_V ~ N(0, 1/d_model)``; ``W_O ~ N(0, 1/(n_heads d_head n_layers))``;
-    ``W_U ~ N(0, 1/d_model^2)``; biases zero.
+    ``W_U ~ N(0, 1/d_model^2)``; biases zero. With MLPs, ``W_in ~ N(0, 1/d_model)`` and
+    ``W_out ~ N(0, 1/(d_mlp n_layers))``, drawn after each layer's attention weights (so an
+    attention-only model draws exactly what it always did); LayerNorm ``w = 1``, ``b = 0``.
     """
     cfg = model.cfg
 
@@ -306,7 +415,13 @@ def init_weights(model: AttnOnlyTransformer, generator: torch.Generator) -> None
         for W in (block.attn.W_Q, block.attn.W_K, block.attn.W_V):
             normal_(W, cfg.d_model**-0.5)
         normal_(block.attn.W_O, (cfg.n_heads * cfg.d_head * cfg.n_layers) ** -0.5)
+        if block.mlp is not None:
+            normal_(block.mlp.W_in, cfg.d_model**-0.5)
+            normal_(block.mlp.W_out, (cfg.d_mlp * cfg.n_layers) ** -0.5)
     normal_(model.W_U, 1.0 / cfg.d_model)
     for name, param in model.named_parameters():
-        if name.rsplit(".", 1)[-1].startswith("b_"):
+        short = name.rsplit(".", 1)[-1]
+        if short.startswith("b_") or short == "b":
             param.zero_()
+        elif short == "w":
+            param.fill_(1.0)

@@ -15,15 +15,31 @@ def head_name(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
+ATTENTION_HOOKS = ("pattern", "result")
+BLOCK_HOOKS = ("resid_pre", "resid_mid", "resid_post", "mlp_out")
+
+
 def hook_name(layer: int, hook: str) -> str:
     """The cache key of an activation of ``layer``: ``"pattern"`` ``[batch, n_heads, dest, src]`` and
-    ``"result"`` (every head's write, ``[batch, pos, n_heads, d_model]``) of its attention, or
-    ``"resid_pre"`` / ``"resid_post"``, the residual stream before and after the layer."""
-    if hook in ("pattern", "result"):
+    ``"result"`` (every head's write, ``[batch, pos, n_heads, d_model]``) of its attention;
+    ``"resid_pre"``, ``"resid_mid"`` (after attention, with an MLP) and ``"resid_post"``, the residual
+    stream; ``"mlp_out"``, the MLP's write."""
+    if hook in ATTENTION_HOOKS:
         return f"blocks.{layer}.attn.hook_{hook}"
-    if hook in ("resid_pre", "resid_post"):
+    if hook in BLOCK_HOOKS:
         return f"blocks.{layer}.hook_{hook}"
-    raise QkovError(f"no hook {hook!r}: expected pattern, result, resid_pre or resid_post")
+    raise QkovError(f"no hook {hook!r}: expected one of {', '.join(ATTENTION_HOOKS + BLOCK_HOOKS)}")
+
+
+def norm_name(layer: int | None, norm: str) -> str:
+    """A LayerNorm's name: ``blocks.{layer}.ln1`` / ``ln2`` (before attention / the MLP), or
+    ``ln_final`` (``layer`` None), as in TransformerLens; its weights are ``{name}.w`` and ``.b``."""
+    return "ln_final" if layer is None else f"blocks.{layer}.{norm}"
+
+
+def scale_hook(norm: str) -> str:
+    """The cache key of a LayerNorm's per-position scale (``1 / sqrt(var + eps)``)."""
+    return f"{norm}.hook_scale"
 
 
 def parse_head(name: str, cfg: Config) -> tuple[int, int]:

@@ -50,12 +50,15 @@ def direct_path_log_probs(
     model: AttnOnlyTransformer, rows: Tensor | None = None
 ) -> Float[Tensor, "rows d_vocab"]:
     """``log_softmax(W_E W_U)`` (plus the mean ``W_pos`` when standard, plus ``b_U``) for the
-    given current tokens (all when ``rows`` is None), in float64."""
+    given current tokens (all when ``rows`` is None), in float64. With LayerNorm the embedding
+    passes through ``ln_final`` first, as it would in the direct path."""
     with torch.no_grad():
         embed = model.W_E if rows is None else model.W_E[rows]
         embed = embed.double()
         if model.cfg.positional_embedding == "standard":
             embed = embed + model.W_pos.double().mean(0)
+        if model.ln_final is not None:
+            embed = model.ln_final(embed)  # float64 in, float64 out (the weights promote)
         logits = embed @ model.W_U.double()
         if model.b_U is not None:
             logits = logits + model.b_U.double()

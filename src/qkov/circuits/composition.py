@@ -29,6 +29,7 @@ from torch import Tensor
 from qkov.circuits.copying import copying_score
 from qkov.circuits.qk_ov import stacked_weights
 from qkov.errors import QkovError
+from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
 from qkov.model import AttnOnlyTransformer
 from qkov.names import parse_head
@@ -66,6 +67,7 @@ def all_raw_composition_scores(
     ``W_V2 R_O2^T`` (V); the denominators are ``‖R_V R_O^T‖`` (the OV norm) and ``‖R_Q R_K^T‖``
     (the QK norm).
     """
+    model = circuit_model(model)
     for kind in kinds:
         if kind not in KINDS:
             raise QkovError(f"composition kind must be one of Q, K, V, got {kind!r}")
@@ -156,6 +158,7 @@ def k_composition_circuit(model: AttnOnlyTransformer, writer: str, reader: str) 
     positivity, :func:`k_composition_positivity`) means "attend to where my token came before":
     induction (section "How Induction Heads Work").
     """
+    model = circuit_model(model)
     cfg = model.cfg
     (layer1, head1), (layer2, head2) = parse_head(writer, cfg), parse_head(reader, cfg)
     if layer1 >= layer2:
@@ -174,6 +177,7 @@ def k_composition_positivity(
 
     The eigenvalues come from the ``d_head x d_head`` reordering ``(keys^T queries)``, with the
     token Gram matrix ``W_E^T W_E`` formed once, so no vocabulary-sized factor is built per pair."""
+    model = circuit_model(model)
     cfg = model.cfg
     out = torch.full((cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), math.nan, dtype=torch.float64)
     with torch.no_grad():

@@ -11,6 +11,19 @@ contributes ``A^hk ... A^h1 X W_V^h1 W_O^h1 ... W_V^hk W_O^hk W_U``, with ``X`` 
 (plus positions in the standard scheme). A path is named by its heads: ``()`` is the direct path,
 ``("L0H3",)`` a single head, ``("L0H3", "L1H4")`` a virtual head. A model of ``n_layers`` layers
 of ``n_heads`` heads has ``(n_heads + 1) ** n_layers`` paths.
+
+GPT-2-style models (appendix "Handling Layer Normalization" and the MLP discussion):
+
+- *LayerNorm*: each position's LayerNorm scale is frozen at its value in the model's own run, as the
+  attention patterns are; ``LN(x) = (x - mean(x)) / scale * w + b`` is then affine in ``x``: its
+  linear part travels along the path, ``b`` joins the bias term.
+- *MLPs*: each MLP's write is frozen too (its direct effect, like the patterns): the write of the
+  MLP of layer ``l`` starts further paths, named ``("L0MLP",)``, ``("L0MLP", "L1H4")``..., through
+  the heads of later layers.
+
+With both frozen the terms still sum exactly to the model's logits. What is approximate is the
+reading, not the sum: a term says what a path contributes *at these scales and these MLP writes*,
+not what the path would do if the rest of the model changed.
 """
 
 from __future__ import annotations
@@ -25,45 +38,111 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from qkov.errors import QkovError
+from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
-from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name, hook_name, parse_head
+from qkov.model import AttnOnlyTransformer, LayerNorm
+from qkov.names import head_name, hook_name, norm_name, parse_head, scale_hook
 
 Path = tuple[str, ...]
 Patterns = list[Float[Tensor, "batch n_heads dest src"]]
 BIAS = "bias"  # the term of path_expansion holding everything that starts at a bias
+MLP_PATHS = "mlp"  # path_expansion(by="order"): the sum of every path that starts at an MLP's write
+
+
+def mlp_name(layer: int) -> str:
+    """The MLP of a layer as a path's first component: ``L0MLP``."""
+    return f"L{layer}MLP"
 
 
 def frozen_patterns(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) -> Patterns:
     """Run once and record every layer's attention pattern, to rerun the model with them frozen
-    (``model.run_with_cache(tokens, patterns=...)``): the logits are then linear in the one-hot
-    tokens (section "OV and QK Independence")."""
+    (``model.run_with_cache(tokens, patterns=...)``): the logits of an attention-only model without
+    LayerNorm are then linear in the one-hot tokens (section "OV and QK Independence")."""
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     return [cache[hook_name(layer, "pattern")] for layer in range(model.cfg.n_layers)]
 
 
-def _through_head(
-    model: AttnOnlyTransformer, layer: int, pattern: Tensor, stream: Float[Tensor, "batch pos d_model"]
-) -> Float[Tensor, "batch pos n_heads d_model"]:
-    """Every head of ``layer`` applied to one path's share of the stream, frozen and without
-    biases: ``A^h stream W_V^h W_O^h``."""
-    attn = model.blocks[layer].attn
-    v = einsum(stream, attn.W_V, "batch pos d_model, n_heads d_model d_head -> batch n_heads pos d_head")
-    z = pattern @ v
-    return einsum(
-        z, attn.W_O, "batch n_heads pos d_head, n_heads d_head d_model -> batch pos n_heads d_model"
+@dataclass(frozen=True)
+class Frozen:
+    """What path expansion holds fixed, from one run of the model: every attention pattern, every
+    LayerNorm scale (``cache`` names without ``.hook_scale``, e.g. ``"blocks.0.ln1"``, ``"ln_final"``;
+    empty without LayerNorm) and every MLP's write (empty without MLPs). Given these, the model is
+    affine in its embedding."""
+
+    patterns: Patterns
+    scales: dict[str, Tensor]
+    mlp_writes: list[Tensor]
+
+
+def freeze(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], patterns: Patterns | None = None
+) -> Frozen:
+    """Record :class:`Frozen` from a run on ``tokens`` (with ``patterns`` frozen when given)."""
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, patterns=patterns)
+    n = model.cfg.n_layers
+    norms = [norm_name(layer, ln) for layer in range(n) for ln in ("ln1", "ln2")] + [
+        norm_name(None, "ln_final")
+    ]
+    return Frozen(
+        patterns=[cache[hook_name(layer, "pattern")] for layer in range(n)],
+        scales={name: cache[scale_hook(name)] for name in norms if scale_hook(name) in cache},
+        mlp_writes=[cache[hook_name(layer, "mlp_out")] for layer in range(n) if model.cfg.has_mlp],
     )
 
 
-def _bias_part(model: AttnOnlyTransformer, patterns: Patterns, shape: torch.Size) -> Tensor:
-    """The logits the frozen model gives on an all-zero embedding: everything that starts at a
-    bias (``b_V``, ``b_O``, ``b_U``). The frozen model is affine; this is its constant part."""
+def _linear_read(ln: LayerNorm | None, scale: Tensor | None, stream: Tensor) -> Tensor:
+    """The linear part of what a reader sees of one path's share of the stream: ``ln`` with its
+    scale frozen and without ``b`` (or the stream itself without LayerNorm)."""
+    return stream if ln is None else ln.linear(stream, scale)
+
+
+def _affine_read(ln: LayerNorm | None, scale: Tensor | None, stream: Tensor) -> Tensor:
+    """``ln(stream)`` with its scale frozen (``b`` included)."""
+    return stream if ln is None else ln(stream, scale)
+
+
+def _through_head(
+    model: AttnOnlyTransformer, layer: int, frozen: Frozen, stream: Float[Tensor, "batch pos d_model"]
+) -> Float[Tensor, "batch pos n_heads d_model"]:
+    """Every head of ``layer`` applied to one path's share of the stream, frozen and without
+    biases: ``A^h LN_lin(stream) W_V^h W_O^h``."""
+    block = model.blocks[layer]
+    x = _linear_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), stream)
+    v = einsum(x, block.attn.W_V, "batch pos d_model, n_heads d_model d_head -> batch n_heads pos d_head")
+    z = frozen.patterns[layer] @ v
+    return einsum(
+        z, block.attn.W_O, "batch n_heads pos d_head, n_heads d_head d_model -> batch pos n_heads d_model"
+    )
+
+
+def _unembed_linear(model: AttnOnlyTransformer, frozen: Frozen, stream: Tensor) -> Tensor:
+    return _linear_read(model.ln_final, frozen.scales.get(norm_name(None, "ln_final")), stream) @ model.W_U
+
+
+def _unembed_affine(model: AttnOnlyTransformer, frozen: Frozen, resid: Tensor) -> Tensor:
+    logits = _affine_read(model.ln_final, frozen.scales.get(norm_name(None, "ln_final")), resid) @ model.W_U
+    return logits if model.b_U is None else logits + model.b_U
+
+
+def _has_constants(model: AttnOnlyTransformer) -> bool:
+    """Whether the frozen model has a constant part (a bias, or LayerNorm's ``b``)."""
+    return model.has_biases or model.cfg.normalization == "LN"
+
+
+def _bias_part(model: AttnOnlyTransformer, frozen: Frozen, shape: torch.Size) -> Tensor:
+    """The logits the frozen model gives on an all-zero embedding with every MLP write left out
+    (those are terms of their own): everything that starts at a bias (``b_V``, ``b_O``, ``b_U``,
+    LayerNorm's ``b``). The frozen model is affine; this is its constant part."""
     resid = torch.zeros(shape, dtype=model.W_E.dtype)
-    for block, pattern in zip(model.blocks, patterns, strict=True):
-        writes, _ = block.attn.head_writes(resid, None, pattern)
-        resid = resid + writes.sum(dim=2) + block.attn.b_O
-    return model.unembed(resid)
+    for layer, block in enumerate(model.blocks):
+        x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), resid)
+        writes, _ = block.attn.head_writes(x, None, frozen.patterns[layer])
+        resid = resid + writes.sum(dim=2)
+        if block.attn.b_O is not None:
+            resid = resid + block.attn.b_O
+    return _unembed_affine(model, frozen, resid)
 
 
 def path_expansion(
@@ -74,34 +153,39 @@ def path_expansion(
 ) -> dict[Path | int | str, Float[Tensor, "batch pos d_vocab"]]:
     """The logits split exactly into one term per path (see the module docstring).
 
-    ``by="path"`` keys each term by its path (``()``, ``("L0H3",)``, ``("L0H3", "L1H4")``, ...);
-    ``by="order"`` sums the paths of each order (number of heads) and keys by the order
-    ``0..n_layers``, which keeps memory at ``n_layers + 1`` logit tensors however many heads there
-    are. A model with biases has one more term, ``"bias"``: what the frozen model gives on a zero
-    embedding. The terms sum to ``model(tokens)`` (with ``patterns`` recorded from ``tokens``, the
-    default).
+    ``by="path"`` keys each term by its path (``()``, ``("L0H3",)``, ``("L0H3", "L1H4")``, ...;
+    with MLPs also ``("L0MLP",)``, ``("L0MLP", "L1H4")``, ...); ``by="order"`` sums the paths from
+    the embedding of each order (number of heads) and keys by the order ``0..n_layers``, with every
+    path that starts at an MLP summed under ``"mlp"``, which keeps memory at ``n_layers + 2`` logit
+    tensors however many heads there are. A model with biases (or LayerNorm's ``b``) has one more
+    term, ``"bias"``: what the frozen model gives on a zero embedding without the MLP writes. The
+    terms sum to the logits of the frozen run (``model(tokens)`` itself when ``patterns`` is None,
+    the default: patterns, LayerNorm scales and MLP writes recorded from ``tokens``).
     """
     if by not in ("path", "order"):
         raise QkovError(f"path_expansion: by must be 'path' or 'order', got {by!r}")
     tokens = model.check_tokens(tokens)
     with torch.no_grad():
-        patterns = frozen_patterns(model, tokens) if patterns is None else patterns
+        frozen = freeze(model, tokens, patterns)
         stream, _ = model.embed(tokens)
         streams: dict[Path, Tensor] = {(): stream}
-        for layer, pattern in enumerate(patterns):
+        for layer in range(model.cfg.n_layers):
             for path, stream in list(streams.items()):
-                writes = _through_head(model, layer, pattern, stream)
+                writes = _through_head(model, layer, frozen, stream)
                 for head in range(model.cfg.n_heads):
                     streams[(*path, head_name(layer, head))] = writes[:, :, head]
+            if model.cfg.has_mlp:
+                streams[(mlp_name(layer),)] = frozen.mlp_writes[layer]
         if by == "order":
-            orders: dict[int, Tensor] = {}
+            orders: dict[int | str, Tensor] = {}
             for path, stream in streams.items():
-                orders[len(path)] = orders.get(len(path), 0) + stream
-            terms: dict = {order: stream @ model.W_U for order, stream in sorted(orders.items())}
+                key = MLP_PATHS if path and path[0].endswith("MLP") else len(path)
+                orders[key] = orders.get(key, 0) + stream
+            terms: dict = {key: _unembed_linear(model, frozen, stream) for key, stream in orders.items()}
         else:
-            terms = {path: stream @ model.W_U for path, stream in streams.items()}
-        if model.has_biases:
-            terms[BIAS] = _bias_part(model, patterns, streams[()].shape)
+            terms = {path: _unembed_linear(model, frozen, stream) for path, stream in streams.items()}
+        if _has_constants(model):
+            terms[BIAS] = _bias_part(model, frozen, streams[()].shape)
     return terms
 
 
@@ -126,16 +210,27 @@ def _next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Ten
     return float(F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()))
 
 
-def _rerun(model: AttnOnlyTransformer, patterns: Patterns, start: Tensor, inputs: Sequence[Tensor]):
+def _head_writes(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream: Tensor) -> Tensor:
+    """Every head of ``layer`` reading ``stream`` with its pattern and LayerNorm scale frozen
+    (biases included but ``b_O``), ``[batch, pos, n_heads, d_model]``."""
+    block = model.blocks[layer]
+    x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), stream)
+    return block.attn.head_writes(x, None, frozen.patterns[layer])[0]
+
+
+def _rerun(model: AttnOnlyTransformer, frozen: Frozen, start: Tensor, inputs: Sequence[Tensor] | None):
     """One frozen run whose heads read ``inputs`` (one stream per layer) instead of their own
-    stream; returns the final stream and the stream each layer saw (for the next run)."""
+    stream (no heads when ``inputs`` is None), with every MLP's write frozen; returns the final
+    stream and the stream each layer saw (for the next run)."""
     resid, seen = start, []
-    for block, pattern, head_input in zip(model.blocks, patterns, inputs, strict=True):
+    for layer, block in enumerate(model.blocks):
         seen.append(resid)
-        writes, _ = block.attn.head_writes(head_input, None, pattern)
-        resid = resid + writes.sum(dim=2)
-        if block.attn.b_O is not None:
-            resid = resid + block.attn.b_O
+        if inputs is not None:
+            resid = resid + _head_writes(model, frozen, layer, inputs[layer]).sum(dim=2)
+            if block.attn.b_O is not None:
+                resid = resid + block.attn.b_O
+        if block.mlp is not None:
+            resid = resid + frozen.mlp_writes[layer]
     return resid, seen
 
 
@@ -149,28 +244,34 @@ def term_importance(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
     ``b_U`` joins the direct path, and ``b_V`` and ``b_O`` count with the head or layer that adds
     them.
     The last run is the model itself, so ``loss_by_order[-1]`` is the model's loss.
+
+    GPT-2-style models: LayerNorm scales are frozen with the patterns, and every MLP's write is
+    frozen at its value in the model's run and kept at every order (orders count heads; the MLP
+    writes are there from run 0, each from its own layer on, so the heads of later layers read
+    them). The first-order effects add one layer's (or head's) writes, reading run 0's stream,
+    to run 0.
     """
     tokens = model.check_tokens(tokens)
     if tokens.shape[1] < 2:
         raise QkovError("term importance needs sequences of at least 2 tokens (it measures next-token loss)")
     with torch.no_grad():
-        patterns = frozen_patterns(model, tokens)
+        frozen = freeze(model, tokens)
         start, _ = model.embed(tokens)
-        inputs = [start] * model.cfg.n_layers
-        losses = [_next_token_loss(model.unembed(start), tokens)]
+
+        def loss(resid: Tensor) -> float:
+            return _next_token_loss(_unembed_affine(model, frozen, resid), tokens)
+
+        base, inputs = _rerun(model, frozen, start, None)
+        first_inputs = inputs
+        losses = [loss(base)]
         for _ in range(model.cfg.n_layers):
-            resid, inputs = _rerun(model, patterns, start, inputs)
-            losses.append(_next_token_loss(model.unembed(resid), tokens))
+            resid, inputs = _rerun(model, frozen, start, inputs)
+            losses.append(loss(resid))
         by_layer, by_head = [], []
-        for layer, block in enumerate(model.blocks):
-            writes, _ = block.attn.head_writes(start, None, patterns[layer])
-            by_layer.append(losses[0] - _next_token_loss(model.unembed(start + writes.sum(2)), tokens))
-            by_head.append(
-                [
-                    losses[0] - _next_token_loss(model.unembed(start + writes[:, :, head]), tokens)
-                    for head in range(model.cfg.n_heads)
-                ]
-            )
+        for layer in range(model.cfg.n_layers):
+            writes = _head_writes(model, frozen, layer, first_inputs[layer])
+            by_layer.append(losses[0] - loss(base + writes.sum(2)))
+            by_head.append([losses[0] - loss(base + writes[:, :, head]) for head in range(model.cfg.n_heads)])
     return TermImportance(
         loss_by_order=losses,
         marginal=[losses[n - 1] - losses[n] for n in range(1, len(losses))],
@@ -189,6 +290,7 @@ def virtual_weights(model: AttnOnlyTransformer, writer: str, reader: str) -> Fac
     ``"L1H4.Q"``, ``"L1H4.K"`` or ``"L1H4.V"`` (``W_Q`` ... ``[d_model, d_head]``), or ``"unembed"``
     (``W_U``). Factored, with inner dimension ``d_model``.
     """
+    model = circuit_model(model)
     cfg = model.cfg
     if writer == "embed":
         out, writer_layer = model.W_E, -1

@@ -14,6 +14,13 @@ whole story for the first layer and the direct part for later ones. They are
 
 Biases (``b_Q``, ``b_K``, ``b_V``, ``b_O``), which the paper's models lack, are not part of any
 circuit here.
+
+GPT-2-style models: a model with unfolded LayerNorm is read through its folded form
+(:func:`qkov.interop.fold.circuit_model`), so ``w`` is inside every circuit. What no weight holds
+is each position's LayerNorm scale, a positive number per position: a token-level circuit is the
+model's up to that scale (signs and eigenvalue positivity are exact, magnitudes approximate),
+and it is the direct path only, so MLPs (including the first MLP, which reads the embedding) are
+not part of it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from qkov.errors import QkovError
+from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix
 from qkov.model import AttnOnlyTransformer
 
@@ -40,12 +48,14 @@ def stacked_weights(model: AttnOnlyTransformer, name: str) -> Tensor:
 def qk_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
     """Every head's QK circuit ``W_Q W_K^T`` (paper: ``W_QK = W_Q^T W_K``),
     ``[n_layers, n_heads, d_model, d_model]``, destination residual x source residual."""
+    model = circuit_model(model)
     return FactoredMatrix(stacked_weights(model, "W_Q"), stacked_weights(model, "W_K").mT)
 
 
 def ov_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
     """Every head's OV circuit ``W_V W_O`` (paper: ``W_OV = W_O W_V``),
     ``[n_layers, n_heads, d_model, d_model]``, source residual -> written residual."""
+    model = circuit_model(model)
     return FactoredMatrix(stacked_weights(model, "W_V"), stacked_weights(model, "W_O"))
 
 
@@ -53,6 +63,7 @@ def shared_full_ov_circuit(model: AttnOnlyTransformer) -> SharedFactoredMatrix:
     """Every head's full OV circuit ``W_E (W_V W_O) W_U`` (paper: ``W_U W_OV W_E``) with ``W_E``
     and ``W_U`` kept shared: norms, singular values and eigenvalues of all heads come from
     ``d_model``-sized algebra, and no ``d_vocab``-long factor is built per head."""
+    model = circuit_model(model)
     return SharedFactoredMatrix(model.W_E, ov_circuit(model), model.W_U)
 
 
@@ -80,6 +91,7 @@ class QKTerms(NamedTuple):
 def shared_full_qk_circuit(model: AttnOnlyTransformer) -> SharedFactoredMatrix:
     """Every head's token-token attention scores ``W_E (W_Q W_K^T / sqrt(d_head)) W_E^T`` (paper:
     ``W_E^T W_QK W_E``) with ``W_E`` kept shared (one QR of it serves both sides)."""
+    model = circuit_model(model)
     return SharedFactoredMatrix(model.W_E, qk_circuit(model) * model.cfg.d_head**-0.5, model.W_E.mT)
 
 
@@ -98,6 +110,7 @@ def qk_terms(model: AttnOnlyTransformer) -> QKTerms:
     and keys of the first layer, so the score splits into four bilinear terms; how large each is
     tells how much a head's attention is about content and how much about position.
     """
+    model = circuit_model(model)
     if model.W_pos is None:
         raise QkovError("the model has no positional embedding (positional_embedding='none')")
     scale = model.cfg.d_head**-0.5

@@ -1,0 +1,140 @@
+"""Folding LayerNorm into the adjacent weights, and centring (the paper's appendix "Handling Layer
+Normalization"; the same four steps, in the same order, as TransformerLens'
+``load_and_process_state_dict(fold_ln=True, center_writing_weights=True, center_unembed=True,
+fold_value_biases=True)``).
+
+A LayerNorm ``LN(x) = (x - mean(x)) / scale(x) * w + b`` before a linear map ``x @ W + c`` (row
+vectors; the paper's ``W x + c``) is the same as a weight-free norm ``LNPre(x) = (x - mean(x)) /
+scale(x)`` before ``x @ (diag(w) W) + (b @ W + c)``: only the per-position scale cannot be folded.
+
+1. *fold LayerNorm* (``normalization="LN"`` only): ``ln1`` into ``W_Q``, ``W_K``, ``W_V`` (and their
+   biases), ``ln2`` into ``W_in``/``b_in``, ``ln_final`` into ``W_U``/``b_U``; then those reading
+   weights are centred over ``d_model`` (exact: ``LNPre``'s output has mean zero). The model
+   becomes ``"LNPre"``.
+2. *centre the writing weights* (with LayerNorm only): ``W_E``, ``W_pos``, ``W_O``, ``b_O``,
+   ``W_out``, ``b_out`` lose their mean over ``d_model``; exact, since every reader of the stream
+   centres it first.
+3. *centre the unembedding*: ``W_U`` and ``b_U`` lose their mean over ``d_vocab``. This shifts every
+   logit of a position by the same amount: log-probabilities are unchanged, logits are not.
+4. *fold the value biases* into ``b_O``: ``b_O += Σ_h b_V^h W_O^h`` (each pattern row sums to 1),
+   ``b_V = 0``.
+
+With shortformer positions and LayerNorm, positions join the queries and keys *after* ``ln1``;
+folding ``ln1``'s weight would scale them too, so step 1 (and centring ``W_pos``) is not exact and
+is not done: the model keeps ``"LN"`` and :func:`fold` says so in its ``note``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from einops import einsum
+from torch import Tensor
+
+from qkov.checkpoint import expected_shapes, model_from_tensors
+from qkov.config import Config
+from qkov.model import Transformer
+
+SHORTFORMER_NOTE = (
+    "LayerNorm kept unfolded: shortformer positions join the queries and keys after ln1, so folding "
+    "its weight into W_Q and W_K would not be exact"
+)
+
+
+class FoldNote(UserWarning):
+    """Emitted (as a warning, one line) by an import whose folding could not be done exactly."""
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A folded model and, when a step could not be done exactly, one line saying why (else None)."""
+
+    model: Transformer
+    note: str | None
+
+
+def state_with_biases(model: Transformer) -> dict[str, Tensor]:
+    """Every parameter, cloned, with each absent bias as zeros (folding writes into biases)."""
+    _, biases = expected_shapes(model.cfg)
+    dtype = model.W_E.dtype
+    state = {name: torch.zeros(shape, dtype=dtype) for name, shape in biases.items()}
+    return state | {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+def centred(x: Tensor, dim: int) -> Tensor:
+    return x - x.mean(dim, keepdim=True)
+
+
+def fold_layer_norm(state: dict[str, Tensor], cfg: Config) -> None:
+    """Step 1, in place: every ``ln.w``/``ln.b`` into the weights that read its output."""
+    for layer in range(cfg.n_layers):
+        a, ln = f"blocks.{layer}.attn.", f"blocks.{layer}.ln1."
+        w, b = state.pop(ln + "w"), state.pop(ln + "b")
+        for X in "QKV":
+            W = state[a + f"W_{X}"]
+            state[a + f"b_{X}"] = state[a + f"b_{X}"] + einsum(b, W, "d_model, h d_model e -> h e")
+            state[a + f"W_{X}"] = centred(W * w[None, :, None], dim=1)
+        if cfg.has_mlp:
+            m, ln = f"blocks.{layer}.mlp.", f"blocks.{layer}.ln2."
+            w, b = state.pop(ln + "w"), state.pop(ln + "b")
+            state[m + "b_in"] = state[m + "b_in"] + b @ state[m + "W_in"]
+            state[m + "W_in"] = centred(state[m + "W_in"] * w[:, None], dim=0)
+    w, b = state.pop("ln_final.w"), state.pop("ln_final.b")
+    state["b_U"] = state["b_U"] + b @ state["W_U"]
+    state["W_U"] = centred(state["W_U"] * w[:, None], dim=0)
+
+
+def center_writing_weights(state: dict[str, Tensor], cfg: Config) -> None:
+    """Step 2, in place: what writes to the residual stream loses its mean over ``d_model``."""
+    names = ["W_E"] + (["W_pos"] if cfg.positional_embedding == "standard" else [])
+    for layer in range(cfg.n_layers):
+        names += [f"blocks.{layer}.attn.W_O", f"blocks.{layer}.attn.b_O"]
+        if cfg.has_mlp:
+            names += [f"blocks.{layer}.mlp.W_out", f"blocks.{layer}.mlp.b_out"]
+    for name in names:
+        state[name] = centred(state[name], dim=-1)
+
+
+def center_unembed(state: dict[str, Tensor]) -> None:
+    """Step 3, in place: ``W_U`` and ``b_U`` lose their mean over ``d_vocab``."""
+    state["W_U"] = centred(state["W_U"], dim=-1)
+    state["b_U"] = centred(state["b_U"], dim=-1)
+
+
+def fold_value_biases(state: dict[str, Tensor], cfg: Config) -> None:
+    """Step 4, in place: ``b_O += Σ_h b_V^h W_O^h``, ``b_V = 0`` (re-centred with LayerNorm)."""
+    for layer in range(cfg.n_layers):
+        a = f"blocks.{layer}.attn."
+        b_O = state[a + "b_O"] + einsum(state[a + "b_V"], state[a + "W_O"], "h e, h e d -> d")
+        state[a + "b_O"] = centred(b_O, dim=-1) if cfg.has_layer_norm else b_O
+        state[a + "b_V"] = torch.zeros_like(state[a + "b_V"])
+
+
+def fold(model: Transformer) -> Folded:
+    """The model with LayerNorm folded, writing weights and unembedding centred and value biases
+    folded (see the module docstring): the same log-probabilities, logits shifted by a constant
+    per position. A new model; ``model`` is unchanged."""
+    cfg, state = model.cfg, state_with_biases(model)
+    note = None
+    with torch.no_grad():
+        if cfg.normalization == "LN" and cfg.positional_embedding == "shortformer":
+            note = SHORTFORMER_NOTE
+        elif cfg.normalization == "LN":
+            fold_layer_norm(state, cfg)
+            cfg = replace(cfg, normalization="LNPre")
+        if cfg.has_layer_norm:
+            center_writing_weights(state, cfg)
+        center_unembed(state)
+        fold_value_biases(state, cfg)
+    folded = model_from_tensors(cfg, state, "folded model")
+    folded.tokenizer = model.tokenizer
+    return Folded(folded, note)
+
+
+def circuit_model(model: Transformer) -> Transformer:
+    """The model whose weights the weight-based circuits read (QK/OV circuits, composition,
+    copying, skip-trigrams): the model itself, or with ``normalization="LN"`` its folded form, so
+    that LayerNorm's weight and bias are part of every circuit (TransformerLens' convention) and an
+    unfolded import reads exactly as a folded one."""
+    return fold(model).model if model.cfg.normalization == "LN" else model

@@ -1,0 +1,175 @@
+"""Hugging Face GPT-2 models in: a ``transformers.GPT2LMHeadModel`` or a folder it saved
+(``config.json`` + ``model.safetensors`` [+ ``tokenizer.json``]), into qkov's (TransformerLens')
+names and shapes.
+
+GPT-2 keeps its weights in ``Conv1D`` layers, stored ``[in, out]`` and applied as ``x @ W + b``:
+already qkov's row-vector form. The fused ``c_attn`` ``[d_model, 3 d_model]`` splits into ``W_Q``,
+``W_K``, ``W_V`` ``[n_heads, d_model, d_head]``; ``c_proj`` ``[n_heads d_head, d_model]`` is
+``W_O``; ``lm_head`` (an ``nn.Linear``, ``[d_vocab, d_model]``) is transposed into ``W_U``, and when
+the embeddings are tied (GPT-2's default; the saved file then has no ``lm_head``) ``W_U = W_E^T``.
+GPT-2's LM head has no bias: ``b_U = 0``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from einops import rearrange
+
+from qkov.config import Config
+from qkov.errors import QkovError
+from qkov.interop.source import check_finite, model_from_source, read_source_folder
+from qkov.model import Transformer
+
+ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+_IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in older files, not weights
+
+# (config key, unsupported when, the feature's name)
+_UNSUPPORTED = (
+    ("model_type", lambda v: v != "gpt2", "a model type other than GPT-2"),
+    ("scale_attn_weights", lambda v: v is False, "attention without the 1/sqrt(d_head) scale"),
+    ("scale_attn_by_inverse_layer_idx", bool, "attention scaled by the inverse layer index"),
+    ("add_cross_attention", bool, "cross-attention"),
+    ("activation_function", lambda v: v not in ACTIVATIONS, "this activation"),
+)
+_REQUIRED = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
+
+
+def hf_config(data: dict[str, Any], where: str) -> Config:
+    """The qkov config of a GPT-2 ``config.json``, refusing what qkov cannot run with one line
+    naming the feature and the config key."""
+    for key, unsupported, feature in _UNSUPPORTED:
+        if unsupported(data.get(key, "gpt2" if key == "model_type" else None)):
+            raise QkovError(f"{where}: {feature} is not supported ({key}={data.get(key)!r})")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise QkovError(f"{where}: missing field(s) {', '.join(missing)}")
+    d_model, n_heads = data["n_embd"], data["n_head"]
+    if not isinstance(n_heads, int) or n_heads < 1 or not isinstance(d_model, int) or d_model % n_heads:
+        raise QkovError(f"{where}: n_embd={d_model!r} is not a multiple of n_head={n_heads!r}")
+    return Config(
+        n_layers=data["n_layer"],
+        n_heads=n_heads,
+        d_model=d_model,
+        d_head=d_model // n_heads,
+        d_vocab=data["vocab_size"],
+        n_ctx=data["n_positions"],
+        positional_embedding="standard",
+        normalization="LN",
+        d_mlp=data.get("n_inner") or 4 * d_model,
+        act_fn=ACTIVATIONS[data.get("activation_function", "gelu_new")],
+        ln_eps=float(data.get("layer_norm_epsilon", 1e-5)),
+        source="huggingface",
+    )
+
+
+def expected_hf_shapes(cfg: Config, tied: bool) -> dict[str, tuple[int, ...]]:
+    d, m = cfg.d_model, cfg.d_mlp
+    shapes = {
+        "wte.weight": (cfg.d_vocab, d),
+        "wpe.weight": (cfg.n_ctx, d),
+        "ln_f.weight": (d,),
+        "ln_f.bias": (d,),
+    }
+    for layer in range(cfg.n_layers):
+        p = f"h.{layer}."
+        shapes |= {
+            p + "ln_1.weight": (d,),
+            p + "ln_1.bias": (d,),
+            p + "attn.c_attn.weight": (d, 3 * d),
+            p + "attn.c_attn.bias": (3 * d,),
+            p + "attn.c_proj.weight": (d, d),
+            p + "attn.c_proj.bias": (d,),
+            p + "ln_2.weight": (d,),
+            p + "ln_2.bias": (d,),
+            p + "mlp.c_fc.weight": (d, m),
+            p + "mlp.c_fc.bias": (m,),
+            p + "mlp.c_proj.weight": (m, d),
+            p + "mlp.c_proj.bias": (d,),
+        }
+    if not tied:
+        shapes["lm_head.weight"] = (cfg.d_vocab, d)
+    return shapes
+
+
+def checked_hf_tensors(state: dict[str, torch.Tensor], cfg: Config, tied: bool, where: str) -> dict:
+    """The GPT-2 tensors under names without the ``transformer.`` prefix, each checked for
+    presence and shape (one line naming the tensor as the file names it)."""
+    tensors = {
+        name.removeprefix("transformer."): t for name, t in state.items() if not name.endswith(_IGNORED)
+    }
+    if tied:
+        tensors.pop("lm_head.weight", None)  # a tied copy of wte (present in a live model's state dict)
+    expected = expected_hf_shapes(cfg, tied)
+    for name, shape in expected.items():
+        if name not in tensors:
+            raise QkovError(f"{where}: missing tensor {name} (config.json expects {len(expected)} tensors)")
+        if tuple(tensors[name].shape) != shape:
+            raise QkovError(
+                f"{where}: tensor {name} has shape {tuple(tensors[name].shape)}, config.json expects {shape}"
+            )
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise QkovError(f"{where}: unexpected tensor {unexpected[0]} (not part of this GPT-2 config)")
+    return tensors
+
+
+def hf_to_qkov_tensors(tensors: dict[str, torch.Tensor], cfg: Config, tied: bool) -> dict[str, torch.Tensor]:
+    """GPT-2's tensors in qkov's names and shapes (see the module docstring)."""
+    h = cfg.n_heads
+    out = {
+        "W_E": tensors["wte.weight"],
+        "W_pos": tensors["wpe.weight"],
+        "ln_final.w": tensors["ln_f.weight"],
+        "ln_final.b": tensors["ln_f.bias"],
+        "W_U": (tensors["wte.weight"] if tied else tensors["lm_head.weight"]).T.contiguous(),
+    }
+    for layer in range(cfg.n_layers):
+        p, q = f"h.{layer}.", f"blocks.{layer}."
+        W_Q, W_K, W_V = tensors[p + "attn.c_attn.weight"].chunk(3, dim=1)
+        b_Q, b_K, b_V = tensors[p + "attn.c_attn.bias"].chunk(3)
+        for name, W, b in (("Q", W_Q, b_Q), ("K", W_K, b_K), ("V", W_V, b_V)):
+            out[q + f"attn.W_{name}"] = rearrange(W, "d_model (h e) -> h d_model e", h=h).contiguous()
+            out[q + f"attn.b_{name}"] = rearrange(b, "(h e) -> h e", h=h).contiguous()
+        out[q + "attn.W_O"] = rearrange(
+            tensors[p + "attn.c_proj.weight"], "(h e) d -> h e d", h=h
+        ).contiguous()
+        out[q + "attn.b_O"] = tensors[p + "attn.c_proj.bias"]
+        for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+            out[q + f"{ours}.w"], out[q + f"{ours}.b"] = (
+                tensors[p + f"{theirs}.weight"],
+                tensors[p + f"{theirs}.bias"],
+            )
+        out[q + "mlp.W_in"], out[q + "mlp.b_in"] = (
+            tensors[p + "mlp.c_fc.weight"],
+            tensors[p + "mlp.c_fc.bias"],
+        )
+        out[q + "mlp.W_out"], out[q + "mlp.b_out"] = (
+            tensors[p + "mlp.c_proj.weight"],
+            tensors[p + "mlp.c_proj.bias"],
+        )
+    return out
+
+
+def from_hf(model_or_folder: Any, fold: bool = True) -> Transformer:
+    """A qkov model from a Hugging Face ``GPT2LMHeadModel`` or a folder it saved with
+    ``save_pretrained(safe_serialization=True)`` (its ``tokenizer.json`` carried over), folded by
+    default (:func:`qkov.interop.fold.fold`). Raises :class:`QkovError` with one line for what is
+    missing, broken or unsupported. A folder needs no ``transformers`` installed."""
+    if isinstance(model_or_folder, str | os.PathLike):
+        folder = Path(model_or_folder)
+        source = read_source_folder(folder)
+        data, state, tokenizer = source.config, source.tensors, source.tokenizer_folder
+        where = str(folder / "model.safetensors")
+        cfg = hf_config(data, str(folder / "config.json"))
+    else:
+        data = model_or_folder.config.to_dict()
+        state, tokenizer, where = dict(model_or_folder.state_dict()), None, type(model_or_folder).__name__
+        cfg = hf_config(data, f"{where} config")
+    tied = bool(data.get("tie_word_embeddings", True))
+    tensors = checked_hf_tensors(state, cfg, tied, where)
+    check_finite(tensors, where)
+    return model_from_source(cfg, hf_to_qkov_tensors(tensors, cfg, tied), where, tokenizer, fold)

@@ -1,0 +1,200 @@
+"""Moving models between qkov and TransformerLens (same weight names and shapes, other prefixes).
+
+A TransformerLens model on disk, as qkov reads it, is a folder with ``model.safetensors`` (its
+``state_dict()``) and ``config.json`` (the JSON-serialisable fields of ``cfg.to_dict()``):
+:func:`save_transformer_lens` writes one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from qkov.config import ACT_FNS, Config
+from qkov.errors import QkovError
+from qkov.interop.source import check_finite, model_from_source, read_source_folder
+from qkov.io import atomic_write, atomic_write_text
+from qkov.model import Transformer
+
+_TOP_LEVEL = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U", "b_U": "unembed.b_U"}
+_FROM_TOP_LEVEL = {theirs: ours for ours, theirs in _TOP_LEVEL.items()}
+_BUFFERS = (".attn.mask", ".attn.IGNORE")  # TransformerLens' state dict holds these; they are not weights
+_NORMALIZATIONS = {None: "none", "LN": "LN", "LNPre": "LNPre"}
+
+
+def to_transformer_lens(model: Transformer) -> dict[str, torch.Tensor]:
+    """A state dict for TransformerLens' ``HookedTransformer`` with the configuration of
+    :func:`hooked_transformer_config`. Absent biases are written as zeros, since TransformerLens
+    always has them. Load it with ``strict=False`` (TransformerLens also holds mask buffers)."""
+    state = {}
+    for name, param in model.named_parameters():
+        state[_TOP_LEVEL.get(name, name)] = param.detach().clone()
+    cfg = model.cfg
+    zeros = {
+        "attn.b_Q": (cfg.n_heads, cfg.d_head),
+        "attn.b_K": (cfg.n_heads, cfg.d_head),
+        "attn.b_V": (cfg.n_heads, cfg.d_head),
+        "attn.b_O": (cfg.d_model,),
+    }
+    if cfg.has_mlp:
+        zeros |= {"mlp.b_in": (cfg.d_mlp,), "mlp.b_out": (cfg.d_model,)}
+    dtype = model.W_E.dtype
+    for layer in range(cfg.n_layers):
+        for bias, shape in zeros.items():
+            state.setdefault(f"blocks.{layer}.{bias}", torch.zeros(shape, dtype=dtype))
+    state.setdefault("unembed.b_U", torch.zeros(cfg.d_vocab, dtype=dtype))
+    return state
+
+
+def _import_transformer_lens():
+    try:
+        import transformer_lens as tl
+    except ImportError:
+        raise QkovError("TransformerLens is not installed: pip install transformer-lens") from None
+    return tl
+
+
+def hooked_transformer_config(cfg: Config, dtype: torch.dtype, cache_head_results: bool = True):
+    """The ``HookedTransformerConfig`` of the same model. TransformerLens has no ``"none"``
+    positional scheme: it gets standard positions with ``W_pos = 0``, the same model."""
+    tl = _import_transformer_lens()
+    return tl.HookedTransformerConfig(
+        n_layers=cfg.n_layers,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        d_head=cfg.d_head,
+        d_vocab=cfg.d_vocab,
+        n_ctx=cfg.n_ctx,
+        attn_only=not cfg.has_mlp,
+        d_mlp=cfg.d_mlp if cfg.has_mlp else None,
+        act_fn=cfg.act_fn if cfg.has_mlp else None,
+        normalization_type=None if cfg.normalization == "none" else cfg.normalization,
+        eps=cfg.ln_eps,
+        device="cpu",
+        dtype=dtype,
+        use_attn_result=cache_head_results,
+        positional_embedding_type="standard"
+        if cfg.positional_embedding == "none"
+        else cfg.positional_embedding,
+    )
+
+
+def to_hooked_transformer(model: Transformer, cache_head_results: bool = True):
+    """The same model as a TransformerLens ``HookedTransformer`` (TransformerLens must be
+    installed: ``pip install transformer-lens``), in the model's dtype; ``cache_head_results``
+    sets its ``use_attn_result`` (per-head writes in the cache, at some cost in speed)."""
+    tl = _import_transformer_lens()
+    cfg = model.cfg
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TransformerLens 3 warns on construction
+        hooked = tl.HookedTransformer(hooked_transformer_config(cfg, model.W_E.dtype, cache_head_results))
+    state = to_transformer_lens(model)
+    if cfg.positional_embedding == "none":
+        state["pos_embed.W_pos"] = torch.zeros(cfg.n_ctx, cfg.d_model, dtype=model.W_E.dtype)
+    hooked.load_state_dict(state, strict=False)
+    return hooked
+
+
+def save_transformer_lens(hooked: Any, folder: str | os.PathLike) -> Path:
+    """Write a ``HookedTransformer`` as a folder qkov imports: ``model.safetensors`` (its state dict)
+    and ``config.json`` (the JSON-serialisable fields of its config)."""
+    folder = Path(folder)
+    tensors = {name: t.detach().contiguous().cpu() for name, t in hooked.state_dict().items()}
+    config = {}
+    for key, value in hooked.cfg.to_dict().items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue  # dtype, device objects: not needed to rebuild the model
+        config[key] = value
+    atomic_write(folder / "model.safetensors", lambda tmp: save_file(tensors, str(tmp)))
+    atomic_write_text(folder / "config.json", json.dumps(config, indent=1) + "\n")
+    return folder
+
+
+# (config key, unsupported when, the feature's name)
+_UNSUPPORTED = (
+    ("positional_embedding_type", lambda v: v not in ("standard", "shortformer"), "these positions"),
+    ("normalization_type", lambda v: v not in _NORMALIZATIONS, "this normalization (only LayerNorm)"),
+    ("n_key_value_heads", lambda v: v is not None, "grouped-query attention"),
+    ("parallel_attn_mlp", bool, "parallel attention and MLP"),
+    ("gated_mlp", bool, "a gated MLP"),
+    ("final_rms", bool, "a final RMSNorm"),
+    ("use_local_attn", bool, "local attention"),
+    ("attention_dir", lambda v: v != "causal", "non-causal attention"),
+    ("num_experts", lambda v: v not in (None, 0, 1), "mixture of experts"),
+    ("use_attn_scale", lambda v: v is False, "attention without the 1/sqrt(d_head) scale"),
+    ("use_normalization_before_and_after", bool, "norms after each layer as well as before"),
+    ("post_embedding_ln", bool, "a LayerNorm after the embedding"),
+    ("use_qk_norm", bool, "query and key norms"),
+    ("scale_attn_by_inverse_layer_idx", bool, "attention scaled by the inverse layer index"),
+    ("attn_scores_soft_cap", lambda v: v is not None and v > 0, "attention soft-capping"),
+    ("output_logits_soft_cap", lambda v: v is not None and v > 0, "logit soft-capping"),
+    ("use_attention_sinks", bool, "attention sinks"),
+    ("use_logn_attn", bool, "log-n attention scaling"),
+    ("clip_qkv", lambda v: v is not None, "clipped queries, keys and values"),
+)
+_REQUIRED = ("n_layers", "n_heads", "d_model", "d_head", "d_vocab", "n_ctx")
+
+
+def transformer_lens_config(data: dict, where: str) -> Config:
+    """The qkov config of a TransformerLens ``cfg.to_dict()``, refusing what qkov cannot run with
+    one line naming the feature and the config key."""
+    for key, unsupported, feature in _UNSUPPORTED:
+        if key in data and unsupported(data[key]):
+            raise QkovError(f"{where}: {feature} is not supported ({key}={data[key]!r})")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise QkovError(f"{where}: missing field(s) {', '.join(missing)}")
+    d_mlp = 0 if data.get("attn_only") or data.get("d_mlp") is None else data["d_mlp"]
+    act_fn = data.get("act_fn") or "gelu_new"
+    if d_mlp and act_fn not in ACT_FNS:
+        raise QkovError(
+            f"{where}: activation {act_fn!r} is not supported (act_fn; one of {', '.join(ACT_FNS)})"
+        )
+    if data.get("d_vocab_out", -1) not in (-1, data["d_vocab"]):
+        raise QkovError(f"{where}: an output vocabulary unlike the input's is not supported (d_vocab_out)")
+    scale = data.get("attn_scale")
+    if scale is not None and not math.isclose(float(scale), math.sqrt(data["d_head"]), rel_tol=1e-9):
+        raise QkovError(
+            f"{where}: an attention scale other than sqrt(d_head) is not supported (attn_scale={scale})"
+        )
+    return Config(
+        **{key: data[key] for key in _REQUIRED},
+        positional_embedding=data.get("positional_embedding_type", "standard"),
+        normalization=_NORMALIZATIONS[data.get("normalization_type", "LN")],
+        d_mlp=d_mlp,
+        act_fn=act_fn,
+        ln_eps=float(data.get("eps", 1e-5)),
+        source="transformer_lens",
+    )
+
+
+def transformer_lens_tensors(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """TransformerLens' weights (its mask buffers dropped) in qkov's names."""
+    return {_FROM_TOP_LEVEL.get(name, name): t for name, t in weights.items()}
+
+
+def from_transformer_lens(hooked_or_folder: Any, fold: bool = True) -> Transformer:
+    """A qkov model from a TransformerLens ``HookedTransformer`` or a folder written by
+    :func:`save_transformer_lens`, folded by default (:func:`qkov.interop.fold.fold`). Raises
+    :class:`QkovError` with one line for what is missing, broken or unsupported."""
+    if isinstance(hooked_or_folder, str | os.PathLike):
+        folder = Path(hooked_or_folder)
+        source = read_source_folder(folder)
+        cfg = transformer_lens_config(source.config, str(folder / "config.json"))
+        tensors, where, tokenizer = source.tensors, str(folder / "model.safetensors"), source.tokenizer_folder
+    else:
+        cfg_data = dict(hooked_or_folder.cfg.to_dict())
+        cfg = transformer_lens_config(cfg_data, "HookedTransformer config")
+        tensors, where, tokenizer = dict(hooked_or_folder.state_dict()), "HookedTransformer", None
+    weights = {name: t for name, t in tensors.items() if not name.endswith(_BUFFERS)}
+    check_finite(weights, where)
+    return model_from_source(cfg, transformer_lens_tensors(weights), where, tokenizer, fold)
