@@ -109,6 +109,7 @@ def kill_when(path, args):
     victim.wait()
 
 
+@pytest.mark.slow
 def test_a_run_killed_with_sigkill_resumes_to_identical_weights(tiny_corpus, tmp_path):
     steps = ["--steps", "400", "--checkpoint-every", "10", "--eval-every", "50"]
     common = ["train", "--layers", "2", "--corpus", str(tiny_corpus), *TINY, *steps]
