@@ -5,8 +5,13 @@ only on ``(seed, s)``, and a checkpoint holds the weights and the optimizer stat
 written file (``training_state.safetensors``), so a run killed at any moment and resumed with
 ``resume=True`` ends with exactly the weights of an uninterrupted run.
 
-Every ``eval_every`` steps a line is appended to ``metrics.jsonl``: step, tokens, train loss, eval
-loss, and for models of two or more layers the loss on the first and second repeat of random
+The batch of step ``s`` is drawn whole (``batch_size`` windows, the global batch) whatever the
+number of processes; under torchrun (:mod:`qkov.distributed`) each process trains on its slice of
+it, DistributedDataParallel averages the gradients, and rank 0 alone evaluates and writes. With
+the same seed, threads and processes on a CPU the weights are the same bits run after run.
+
+Every ``eval_every`` steps rank 0 appends a line to ``metrics.jsonl``: step, tokens, train loss,
+eval loss, and for models of two or more layers the loss on the first and second repeat of random
 tokens and the strongest induction and previous-token scores, so the induction phase change
 ("In-context Learning and Induction Heads") can be watched.
 """
