@@ -49,6 +49,7 @@ from qkov.checkpoint import (
 from qkov.circuits.heads import induction_scores, previous_token_scores
 from qkov.config import Config
 from qkov.data.random_tokens import repeated_random_tokens
+from qkov.data.shards import TokenShards
 from qkov.data.tokens import TokenSplits, sample_windows, window_starts, windows_at
 from qkov.errors import QkovError
 from qkov.io import atomic_write, atomic_write_text
@@ -167,7 +168,7 @@ class Trainer:
         self,
         cfg: Config,
         train_cfg: TrainConfig,
-        data: TokenSplits,
+        data: TokenSplits | TokenShards,
         out: str | os.PathLike,
         tokenizer: Tokenizer | None = None,
         device: str = "cpu",
