@@ -32,7 +32,8 @@ chromium:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	} || echo "warning: could not install chromium; the browser test will be skipped"
 
-## The test suite (TransformerLens oracle and headless-browser tests included), then the linter.
+## The whole test suite (slow multi-process, kill/resume and determinism tests, TransformerLens oracle
+## and headless-browser tests included), then the linter.
 test: setup chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "slow or not slow"
 	$(BIN)/ruff check src tests benchmarks

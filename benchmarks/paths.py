@@ -26,20 +26,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.checkpoint:
-        model = qkov.load(args.checkpoint)
-    else:
-        r = recipe(2)
-        model = qkov.AttnOnlyTransformer(
-            qkov.Config(
-                n_layers=2,
-                n_heads=r.n_heads,
-                d_model=r.d_model,
-                d_head=r.d_head,
-                d_vocab=r.vocab_size,
-                n_ctx=r.n_ctx,
-            )
-        )
+    model = qkov.load(args.checkpoint) if args.checkpoint else qkov.AttnOnlyTransformer(recipe(2).model)
     cfg = model.cfg
     tokens = torch.randint(
         1, cfg.d_vocab, (args.batch, cfg.n_ctx), generator=torch.Generator().manual_seed(0)

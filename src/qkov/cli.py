@@ -18,7 +18,7 @@ from rich.console import Console
 from qkov.checkpoint import load_config, load_tokenizer
 from qkov.config import ACT_FNS, NORMALIZATIONS, POSITIONAL_EMBEDDINGS, Config
 from qkov.errors import QkovError
-from qkov.recipes import recipe
+from qkov.recipes import PRESETS, recipe
 from qkov.results import Results
 
 console = Console(stderr=True)
@@ -33,7 +33,7 @@ def common_options(device_help: str | None) -> argparse.ArgumentParser:
     where the command trains, ``--device``."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: all cores; for train, per process)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     if device_help:
         p.add_argument("--device", default="cpu", help=device_help)
@@ -53,99 +53,148 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--layers", type=int, required=True, help="number of attention layers (0, 1, 2, ...)")
     p.add_argument("--out", required=True, help="checkpoint folder to write")
+    p.add_argument("--preset", choices=PRESETS, default="default", help="paper: the paper's model sizes")
     p.add_argument("--steps", type=int)
-    p.add_argument("--batch-size", type=int)
+    p.add_argument("--batch-size", type=int, help="global batch size (sequences), whatever --nproc")
     p.add_argument("--lr", type=float)
     p.add_argument("--d-model", type=int)
     p.add_argument("--n-heads", type=int)
     p.add_argument("--d-head", type=int)
     p.add_argument("--n-ctx", type=int)
     p.add_argument("--vocab-size", type=int)
-    p.add_argument("--positional-embedding", choices=POSITIONAL_EMBEDDINGS, default="shortformer")
+    p.add_argument("--positional-embedding", choices=POSITIONAL_EMBEDDINGS)
     p.add_argument("--normalization", choices=NORMALIZATIONS, help="LayerNorm (default: none)")
     p.add_argument("--d-mlp", type=int, help="MLP width after each attention layer (default 0: none)")
     p.add_argument("--act-fn", choices=ACT_FNS, help="the MLP's activation (default: gelu_new)")
-    add_corpus_argument(p, "text files, folders or globs (repeatable); default: the Python standard library")
+    add_corpus_argument(
+        p,
+        "text, .jsonl(.gz/.zst) or .parquet files, folders or globs (repeatable); "
+        "default: the Python standard library",
+    )
+    p.add_argument("--text-field", default="text", help="the text's field in .jsonl and column in .parquet")
     p.add_argument("--embed-lr-mult", type=float, help="learning-rate multiplier for W_E and W_pos")
-    p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 autocasts matmuls to bfloat16")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        help="bf16 autocasts matmuls to bfloat16 (default on GPUs with bf16)",
+    )
+    p.add_argument("--nproc", type=int, default=1, help="processes on this machine (launches torchrun)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per process and step")
     p.add_argument("--eval-every", type=int, help="steps between evaluations (a line of metrics.jsonl)")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
 
 
 def train_command(args: argparse.Namespace) -> None:
-    from qkov.data.corpus import read_corpus
-    from qkov.data.tokens import cached_tokenizer, cached_tokens
-    from qkov.train import TRAIN_CONFIG_FILE, TrainConfig, Trainer
+    from qkov.distributed import launched_by_torchrun, process_group
+    from qkov.train import Trainer, training_device
 
-    if args.layers < 0:
-        raise QkovError(f"--layers must be 0 or more, got {args.layers}")
+    if args.nproc < 1:
+        raise QkovError(f"--nproc must be at least 1, got {args.nproc}")
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc))
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_processes))
+    if args.nproc > 1 and not launched_by_torchrun():
+        prepare_run(args)  # errors found here, once; the workers read the cached tokens
+        launch_workers(args)
+        return
+    device = training_device(args.device)
+    with process_group(device) as processes:
+        if not processes.is_main:  # the cache is filled by rank 0 first, read by the others
+            processes.barrier()
+        cfg, train_cfg, data, tokenizer, corpus = prepare_run(args, show_progress=processes.is_main)
+        if processes.is_main:
+            processes.barrier()
+        trainer = Trainer(cfg, train_cfg, data, args.out, tokenizer, args.device, args.grad_accum)
+        say = console.print if processes.is_main else lambda *a: None
+        say(
+            f"corpus: {len(corpus.files)} file(s), {len(data.train):,} train / {len(data.eval):,} eval "
+            f"tokens; vocabulary {cfg.d_vocab}"
+        )
+        say(f"model: {cfg}")
+        say(
+            f"training: {train_cfg.steps} steps x {train_cfg.batch_size} x {cfg.n_ctx} tokens, "
+            f"lr {train_cfg.lr}, {train_cfg.precision}, {processes.world_size} process(es) x "
+            f"{args.grad_accum} micro-batch(es) x {torch.get_num_threads()} threads"
+        )
+        try:
+            trainer.run(resume=args.resume, show_progress=not args.quiet)
+        except KeyboardInterrupt:
+            say(f"interrupted at step {trainer.step}; checkpoint saved. Continue with --resume.")
+            sys.exit(130)
+        say(f"done: checkpoint in {args.out} (metrics in {Path(args.out) / 'metrics.jsonl'})")
+
+
+def prepare_run(args: argparse.Namespace, show_progress: bool = True):
+    """The configs (the saved ones on --resume, else the recipe with the flags on top), the
+    tokenizer and the sharded tokens of a ``qkov train`` command, and the corpus' files."""
+    from qkov.data.shards import sampled_tokenizer, sharded_tokens
+    from qkov.data.sources import CorpusFiles
+    from qkov.train import TRAIN_CONFIG_FILE, TrainConfig
+
     out = Path(args.out)
-    defaults = recipe(args.layers)
-    pick = {  # an explicit flag wins over the recipe
-        field.name: getattr(args, field.name)
-        if getattr(args, field.name) is not None
-        else getattr(defaults, field.name)
-        for field in dataclasses.fields(defaults)
-    }
-    torch.set_num_threads(max(1, args.threads))
-    corpus = read_corpus(args.corpus)
-    resuming = args.resume and (out / TRAIN_CONFIG_FILE).exists()
-    if resuming:
+    corpus = CorpusFiles.find(args.corpus, args.text_field)
+    if args.resume and (out / TRAIN_CONFIG_FILE).exists():
         tokenizer = load_tokenizer(out)
-        model_cfg = load_config(out)
+        cfg = load_config(out)
         train_cfg = TrainConfig(**json.loads((out / TRAIN_CONFIG_FILE).read_text()))
-        check_resume_flags(args, model_cfg, train_cfg)
+        check_resume_flags(args, cfg, train_cfg)
+        if tokenizer is None:
+            raise QkovError(f"{out}: the run to resume has no tokenizer.json")
     else:
-        tokenizer = cached_tokenizer(corpus, pick["vocab_size"])
-    if tokenizer is None:
-        raise QkovError(f"{out}: the run to resume has no tokenizer.json")
-    data = cached_tokens(corpus, tokenizer)
-    if not resuming:
-        model_cfg = Config(
-            n_layers=args.layers,
-            n_heads=pick["n_heads"],
-            d_model=pick["d_model"],
-            d_head=pick["d_head"],
-            d_vocab=tokenizer.get_vocab_size(),
-            n_ctx=pick["n_ctx"],
-            positional_embedding=args.positional_embedding,
-            normalization=args.normalization or "none",
-            d_mlp=args.d_mlp or 0,
-            act_fn=args.act_fn or "gelu_new",
-        )
-        train_cfg = TrainConfig(
-            steps=pick["steps"],
-            batch_size=pick["batch_size"],
-            lr=pick["lr"],
-            seed=args.seed,
-            precision=pick["precision"],
-            embed_lr_mult=pick["embed_lr_mult"],
-            eval_every=pick["eval_every"],
-            checkpoint_every=pick["checkpoint_every"],
-        )
-    trainer = Trainer(model_cfg, train_cfg, data, out, tokenizer, device=args.device)
-    console.print(
-        f"corpus: {len(corpus.documents)} documents ({corpus.skipped} skipped), "
-        f"{len(data.train):,} train / {len(data.eval):,} eval tokens; vocabulary {model_cfg.d_vocab}"
-    )
-    console.print(f"model: {model_cfg}")
-    console.print(
-        f"training: {train_cfg.steps} steps x {train_cfg.batch_size} x {model_cfg.n_ctx} tokens, "
-        f"lr {train_cfg.lr}, {train_cfg.precision}, {torch.get_num_threads()} threads"
-    )
-    try:
-        trainer.run(resume=args.resume, show_progress=not args.quiet)
-    except KeyboardInterrupt:
-        console.print(f"interrupted at step {trainer.step}; checkpoint saved. Continue with --resume.")
+        flags = {name: getattr(args, name) for name in TRAIN_FLAGS} | {"n_layers": args.layers}
+        if args.device != "cpu" and args.precision is None and torch.cuda.is_available():
+            flags["precision"] = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        r = recipe(args.layers, args.preset).override(**flags)
+        tokenizer = sampled_tokenizer(corpus, r.vocab_size)
+        cfg, train_cfg = r.configs(tokenizer.get_vocab_size())
+    data = sharded_tokens(corpus, tokenizer, show_progress and not args.quiet)
+    return cfg, train_cfg, data, tokenizer, corpus
+
+
+#: ``qkov train`` flags that override a recipe's setting of the same name.
+TRAIN_FLAGS = (
+    "steps", "batch_size", "lr", "d_model", "n_heads", "d_head", "n_ctx", "vocab_size",
+    "positional_embedding", "normalization", "d_mlp", "act_fn", "seed", "embed_lr_mult", "precision",
+    "eval_every", "checkpoint_every",
+)  # fmt: skip
+
+
+def launch_workers(args: argparse.Namespace) -> None:
+    """Run this command in ``--nproc`` processes under torchrun and wait for them. Ctrl-C reaches
+    every worker (they share the terminal's process group); each stops after rank 0's checkpoint."""
+    import subprocess
+
+    from qkov.distributed import torchrun_command
+    from qkov.train import STATE_FILE
+
+    interrupted = False
+    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # torchrun's own default is 1
+    worker = subprocess.Popen(torchrun_command(args.nproc, args.argv), env=os.environ | threads)
+    while worker.poll() is None:
+        try:
+            worker.wait()
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted or worker.returncode == 130:
+        step = saved_step(Path(args.out) / STATE_FILE)
+        console.print(f"interrupted at step {step}; checkpoint saved. Continue with --resume.")
         sys.exit(130)
-    console.print(f"done: checkpoint in {out} (metrics in {out / 'metrics.jsonl'})")
+    if worker.returncode:
+        raise QkovError(f"training processes failed (torchrun exit status {worker.returncode}); see above")
 
 
-def check_resume_flags(args: argparse.Namespace, model_cfg: Config, train_cfg: object) -> None:
+def saved_step(file: Path) -> str:
+    from safetensors import safe_open
+
+    if not file.exists():
+        return "0"
+    with safe_open(str(file), framework="pt") as f:
+        return f.metadata()["step"]
+
+
+def check_resume_flags(args: argparse.Namespace, cfg: Config, train_cfg: object) -> None:
     """On --resume the saved settings rule; an explicit flag that contradicts them is an error."""
-    saved = model_cfg.to_dict() | dataclasses.asdict(train_cfg)
-    saved["n_layers"] = model_cfg.n_layers
+    saved = cfg.to_dict() | dataclasses.asdict(train_cfg)
     for flag, key in (
         ("layers", "n_layers"),
         ("d_model", "d_model"),
@@ -209,7 +258,7 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
 def analyze_command(args: argparse.Namespace) -> None:
     from qkov.analyze import analyze_checkpoint
 
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     out = Path(args.out) if args.out else Path(args.checkpoint) / "analysis"
     results = analyze_checkpoint(
         args.checkpoint, out, args.corpus, seed=args.seed, show_progress=not args.quiet
@@ -291,7 +340,7 @@ def reproduce_command(args: argparse.Namespace) -> None:
     from qkov.claims import summary_table
     from qkov.reproduce import reproduce
 
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     out = Path(args.out)
     try:
         results = reproduce(out, args.corpus, args.quick, args.seed, not args.quiet, args.device)
@@ -330,7 +379,7 @@ def serve_command(args: argparse.Namespace) -> None:
         raise QkovError(f"--port must lie in [1, 65535], got {args.port}")
     if args.cache_mb < 1 or args.workers < 1:
         raise QkovError("--cache-mb and --workers must be at least 1")
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     serve(args.checkpoint, args.host, args.port, args.cache_mb, args.workers)
 
 
@@ -346,6 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     info.add_argument("checkpoint")
     sub.add_parser("schema", help="print the JSON Schema of results.json")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         {
             "train": train_command,

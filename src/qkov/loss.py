@@ -14,6 +14,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 CHUNK_BYTES = 16 * 2**20  # logits of one chunk: 16 MiB, which stay in the last-level cache (measured best)
+# On a GPU a chunk of 16 MiB would be ~80 tokens at a 50k vocabulary, too small a matmul to fill the
+# device; 1 GiB chunks are a guess, not yet measured (benchmarks/gpu_train.py has not run on a GPU).
+GPU_CHUNK_BYTES = 2**30
 
 
 class _UnembedCrossEntropy(torch.autograd.Function):
@@ -23,7 +26,7 @@ class _UnembedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, resid, W_U, b_U, targets, with_grad):
         n_tokens, d_vocab = resid.shape[0], W_U.shape[1]
-        chunk = max(1, CHUNK_BYTES // (4 * d_vocab))
+        chunk = max(1, (CHUNK_BYTES if resid.device.type == "cpu" else GPU_CHUNK_BYTES) // (4 * d_vocab))
         total = torch.zeros((), dtype=torch.promote_types(resid.dtype, torch.float32), device=resid.device)
         grads = None
         if with_grad:

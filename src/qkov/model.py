@@ -280,8 +280,13 @@ class Transformer(nn.Module):
 
         Returns ``(resid, qk_positions)``: ``resid = W_E[tokens]`` (plus ``W_pos[:pos]`` for the
         standard scheme) and ``qk_positions = W_pos[:pos]`` for shortformer, else None.
+
+        ``F.embedding`` rather than indexing: its CPU backward gives each thread a range of ``W_E``'s
+        rows and sums each row's gradients in token order, so ``W_E``'s gradient is the same bits on
+        every run; indexing's backward (``index_put_`` with accumulate) adds rows from several
+        threads in a varying order, which made two same-seed 2-thread runs differ.
         """
-        resid = self.W_E[tokens]
+        resid = F.embedding(tokens, self.W_E)
         if self.W_pos is None:
             return resid, None
         positions = self.W_pos[: tokens.shape[1]]

@@ -10,7 +10,6 @@ never by hand); ``DIR/report.html`` shows them.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -18,14 +17,13 @@ from rich.console import Console
 from qkov.analyze import analyze
 from qkov.circuits.phase_change import read_training_log
 from qkov.claims import evaluate_claims
-from qkov.config import Config
 from qkov.data.corpus import read_corpus
 from qkov.data.tokens import cached_tokenizer, cached_tokens
 from qkov.io import atomic_write_text
 from qkov.recipes import Recipe, recipe
 from qkov.report import render_report
 from qkov.results import ModelTiming, Reproduction, write_results
-from qkov.train import TrainConfig, Trainer
+from qkov.train import Trainer
 
 DEPTHS = (0, 1, 2)
 console = Console(stderr=True)
@@ -33,23 +31,16 @@ console = Console(stderr=True)
 
 def quick_recipe(n_layers: int) -> Recipe:
     """Tiny models and few steps: every code path in under 3 minutes, no phenomena promised."""
-    return replace(
-        recipe(n_layers), d_model=32, n_heads=2, d_head=16, n_ctx=48, vocab_size=512, steps=150, batch_size=8,
-        eval_every=50, checkpoint_every=50,
+    return recipe(n_layers).override(
+        d_model=32, n_heads=2, d_head=16, n_ctx=48, vocab_size=512, steps=150, batch_size=8, eval_every=50,
+        checkpoint_every=50,
     )  # fmt: skip
 
 
 def train_depth(
     n_layers: int, r: Recipe, data, tokenizer, out: Path, seed: int, show_progress: bool, device: str
 ):
-    cfg = Config(
-        n_layers=n_layers, n_heads=r.n_heads, d_model=r.d_model, d_head=r.d_head,
-        d_vocab=tokenizer.get_vocab_size(), n_ctx=r.n_ctx,
-    )  # fmt: skip
-    train_cfg = TrainConfig(
-        steps=r.steps, batch_size=r.batch_size, lr=r.lr, seed=seed, precision=r.precision,
-        embed_lr_mult=r.embed_lr_mult, eval_every=r.eval_every, checkpoint_every=r.checkpoint_every,
-    )  # fmt: skip
+    cfg, train_cfg = r.override(seed=seed).configs(tokenizer.get_vocab_size())
     trainer = Trainer(cfg, train_cfg, data, out, tokenizer, device)
     return trainer.run(resume=True, show_progress=show_progress).cpu()
 
@@ -70,7 +61,7 @@ def reproduce(
         tokenizer = cached_tokenizer(text, r.vocab_size)
         data = cached_tokens(text, tokenizer)
         folder = out / f"{n_layers}-layer"
-        shape = f"{r.steps} steps x {r.batch_size} x {r.n_ctx} tokens"
+        shape = f"{r.train.steps} steps x {r.train.batch_size} x {r.model.n_ctx} tokens"
         console.print(f"[bold]{n_layers}-layer model[/bold]: {shape} -> {folder}")
         t0 = time.perf_counter()
         model = train_depth(n_layers, r, data, tokenizer, folder, seed, show_progress, device)

@@ -5,14 +5,20 @@ only on ``(seed, s)``, and a checkpoint holds the weights and the optimizer stat
 written file (``training_state.safetensors``), so a run killed at any moment and resumed with
 ``resume=True`` ends with exactly the weights of an uninterrupted run.
 
-Every ``eval_every`` steps a line is appended to ``metrics.jsonl``: step, tokens, train loss, eval
-loss, and for models of two or more layers the loss on the first and second repeat of random
+The batch of step ``s`` is drawn whole (``batch_size`` windows, the global batch) whatever the
+number of processes; under torchrun (:mod:`qkov.distributed`) each process trains on its slice of
+it, DistributedDataParallel averages the gradients, and rank 0 alone evaluates and writes. With
+the same seed, threads and processes on a CPU the weights are the same bits run after run.
+
+Every ``eval_every`` steps rank 0 appends a line to ``metrics.jsonl``: step, tokens, train loss,
+eval loss, and for models of two or more layers the loss on the first and second repeat of random
 tokens and the strongest induction and previous-token scores, so the induction phase change
 ("In-context Learning and Induction Heads") can be watched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -29,7 +35,9 @@ import torch.nn.functional as F
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
+from torch.nn.parallel import DistributedDataParallel
 
+from qkov import distributed
 from qkov.checkpoint import (
     CONFIG_FILE,
     TOKENIZER_FILE,
@@ -41,7 +49,8 @@ from qkov.checkpoint import (
 from qkov.circuits.heads import induction_scores, previous_token_scores
 from qkov.config import Config
 from qkov.data.random_tokens import repeated_random_tokens
-from qkov.data.tokens import TokenSplits, sample_windows
+from qkov.data.shards import TokenShards
+from qkov.data.tokens import TokenSplits, sample_windows, window_starts, windows_at
 from qkov.errors import QkovError
 from qkov.io import atomic_write, atomic_write_text
 from qkov.model import AttnOnlyTransformer, init_weights
@@ -134,27 +143,54 @@ class StopRequest:
             signal.signal(signal.SIGINT, self.previous)
 
 
+class NextTokenLoss(torch.nn.Module):
+    """``model.loss`` as a module's ``forward``, the call DistributedDataParallel wraps."""
+
+    def __init__(self, model: AttnOnlyTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        return self.model.loss(windows)
+
+
 class Trainer:
-    """One training run writing into ``out``; see the module docstring."""
+    """One training run writing into ``out``; see the module docstring.
+
+    ``cfg`` is the model's config, ``train_cfg`` the optimisation's. Under torchrun (see
+    :mod:`qkov.distributed`) each of the ``world_size`` processes computes the gradient of its
+    slice of every step's global batch, in ``grad_accum`` micro-batches; rank 0 alone evaluates
+    and writes. Neither the number of processes nor ``grad_accum`` is part of the run: a run can
+    be resumed with other values (the result then differs only by float rounding).
+    """
 
     def __init__(
         self,
-        model_cfg: Config,
+        cfg: Config,
         train_cfg: TrainConfig,
-        data: TokenSplits,
+        data: TokenSplits | TokenShards,
         out: str | os.PathLike,
         tokenizer: Tokenizer | None = None,
         device: str = "cpu",
+        grad_accum: int = 1,
     ) -> None:
-        self.model_cfg, self.cfg, self.data, self.out = model_cfg, train_cfg, data, Path(out)
-        self.device = training_device(device)
+        self.cfg, self.train_cfg, self.data, self.out = cfg, train_cfg, data, Path(out)
+        self.processes = distributed.current()
+        self.device = distributed.worker_device(training_device(device), self.processes)
         self.tokenizer = tokenizer
-        if len(data.train) < model_cfg.n_ctx + 1:
+        self.grad_accum = grad_accum
+        parts = self.processes.world_size * grad_accum
+        if grad_accum < 1 or train_cfg.batch_size % parts:
+            raise QkovError(
+                f"batch size {train_cfg.batch_size} does not split into {self.processes.world_size} "
+                f"process(es) x {grad_accum} micro-batch(es); choose a multiple of {parts}"
+            )
+        if len(data.train) < cfg.n_ctx + 1:
             raise QkovError(
                 f"corpus has {len(data.train)} training tokens, fewer than one window of n_ctx + 1 = "
-                f"{model_cfg.n_ctx + 1}; use a larger corpus or a smaller --n-ctx"
+                f"{cfg.n_ctx + 1}; use a larger corpus or a smaller --n-ctx"
             )
-        self.model = AttnOnlyTransformer(model_cfg)
+        self.model = AttnOnlyTransformer(cfg)
         self.model.tokenizer = tokenizer
         init_weights(self.model, torch.Generator().manual_seed(train_cfg.seed))
         self.model.to(self.device)
@@ -172,15 +208,15 @@ class Trainer:
             self.device.type, dtype=torch.bfloat16, enabled=train_cfg.precision == "bf16"
         )
         eval_gen = torch.Generator().manual_seed(train_cfg.seed + 7919)
-        eval_length = min(model_cfg.n_ctx + 1, len(data.eval))
+        eval_length = min(cfg.n_ctx + 1, len(data.eval))
         n_eval = max(1, train_cfg.eval_tokens // eval_length)
         self.eval_windows = sample_windows(data.eval, n_eval, eval_length, eval_gen).to(self.device)
-        self.repeat_period = model_cfg.n_ctx // 2
+        self.repeat_period = cfg.n_ctx // 2
         self.repeat_tokens = (
-            repeated_random_tokens(REPEAT_SEQUENCES, self.repeat_period, 2, model_cfg.d_vocab, eval_gen).to(
+            repeated_random_tokens(REPEAT_SEQUENCES, self.repeat_period, 2, cfg.d_vocab, eval_gen).to(
                 self.device
             )
-            if model_cfg.n_layers >= 2 and self.repeat_period >= 2
+            if cfg.n_layers >= 2 and self.repeat_period >= 2
             else None
         )
 
@@ -198,7 +234,7 @@ class Trainer:
         """The training state first (weights and optimizer in one atomic file, the step in its
         metadata), then the user-facing checkpoint: a run killed at any moment can be resumed."""
         tensors = self.state_tensors()
-        meta = {"step": str(self.step), "config": self.model_cfg.to_json()}
+        meta = {"step": str(self.step), "config": self.cfg.to_json()}
         atomic_write(self.out / STATE_FILE, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
         save(self.model, self.out, self.tokenizer)
 
@@ -206,20 +242,20 @@ class Trainer:
         """Mark ``out`` as this run's folder before the first step: the model config, the tokenizer
         and, last, ``train_config.json`` (whose presence makes the folder resumable)."""
         self.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out / CONFIG_FILE, self.model_cfg.to_json())
+        atomic_write_text(self.out / CONFIG_FILE, self.cfg.to_json())
         if self.tokenizer is not None:
             atomic_write_text(self.out / TOKENIZER_FILE, self.tokenizer.to_str())
         atomic_write_text(
-            self.out / TRAIN_CONFIG_FILE, json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n"
+            self.out / TRAIN_CONFIG_FILE, json.dumps(dataclasses.asdict(self.train_cfg), indent=2) + "\n"
         )
 
     def load_checkpoint(self) -> None:
         file = self.out / STATE_FILE
         tensors, meta = read_tensors(file)
-        if Config.from_dict(json.loads(meta.get("config", "{}"))) != self.model_cfg:
+        if Config.from_dict(json.loads(meta.get("config", "{}"))) != self.cfg:
             raise QkovError(f"{file}: checkpoint was trained with another model config; use another --out")
         weights = {n[len("model.") :]: t for n, t in tensors.items() if n.startswith("model.")}
-        loaded = model_from_tensors(self.model_cfg, weights, str(file))
+        loaded = model_from_tensors(self.cfg, weights, str(file))
         self.model.load_state_dict(loaded.state_dict())
         params = dict(self.model.named_parameters())
         for name, tensor in tensors.items():
@@ -230,7 +266,8 @@ class Trainer:
                     tensor.clone() if key == "step" else tensor.to(param.device)
                 )
         self.step = int(meta["step"])
-        self.truncate_metrics()
+        if self.processes.is_main:
+            self.truncate_metrics()
 
     def truncate_metrics(self) -> None:
         """Drop metric lines logged after the checkpoint being resumed from."""
@@ -260,22 +297,78 @@ class Trainer:
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------
-    def run(self, resume: bool = False, show_progress: bool = True) -> AttnOnlyTransformer:
+    def open_folder(self, resume: bool) -> None:
+        """Start ``out`` or continue the run in it. Every process checks the folder before rank 0
+        writes anything (so all come to the same decision); each reads the checkpoint."""
         if (self.out / TRAIN_CONFIG_FILE).exists():
             if not resume:
                 raise QkovError(
                     f"{self.out} already holds a training run; pass --resume or choose another --out"
                 )
-            if (self.out / STATE_FILE).exists():
+            has_state = (self.out / STATE_FILE).exists()
+            self.processes.barrier()
+            if has_state:
                 self.load_checkpoint()
-            else:  # stopped before its first checkpoint: start again from step 0
+            elif self.processes.is_main:  # stopped before its first checkpoint: start again from step 0
                 self.truncate_metrics()
         elif (self.out / WEIGHTS_FILE).exists():
             raise QkovError(f"{self.out} already holds a checkpoint; choose another --out")
         else:
-            self.start_folder()
-        cfg, seq = self.cfg, self.model_cfg.n_ctx + 1
-        tokens_per_step = cfg.batch_size * self.model_cfg.n_ctx
+            self.processes.barrier()
+            if self.processes.is_main:
+                self.start_folder()
+
+    def micro_batches(self, step: int) -> list[torch.Tensor]:
+        """This process' share of step ``step``'s global batch, in ``grad_accum`` micro-batches.
+
+        The global batch's window offsets are drawn from ``(seed, step)`` alone, so the same
+        windows are trained on whatever the number of processes."""
+        seq, per_process = self.cfg.n_ctx + 1, self.train_cfg.batch_size // self.processes.world_size
+        starts = window_starts(
+            len(self.data.train), self.train_cfg.batch_size, seq, step_generator(self.train_cfg.seed, step)
+        )
+        mine = starts[self.processes.rank * per_process : (self.processes.rank + 1) * per_process]
+        size = per_process // self.grad_accum
+        return [
+            windows_at(self.data.train, mine[i : i + size], seq).to(self.device)
+            for i in range(0, per_process, size)
+        ]
+
+    def train_step(self, loss_module: torch.nn.Module, stop_requested: bool) -> tuple[float, bool]:
+        """One optimizer step on the global batch; returns its mean loss and whether any process
+        asked to stop (one all-reduce carries both)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.train_cfg.lr_at(self.step) * group["lr_mult"]
+        batches = self.micro_batches(self.step)
+        total = torch.zeros((), device=self.device)
+        for i, windows in enumerate(batches):
+            last = i == len(batches) - 1
+            sync = (
+                contextlib.nullcontext() if last or not self.processes.distributed else loss_module.no_sync()
+            )
+            with sync:
+                with self.autocast:
+                    loss = loss_module(windows) / len(batches)
+                loss.backward()
+            total += loss.detach().float()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        shared = self.processes.all_reduce_sum(
+            torch.stack([total, torch.tensor(float(stop_requested), device=self.device)])
+        )
+        return float(shared[0]) / self.processes.world_size, bool(shared[1] > 0)
+
+    def run(self, resume: bool = False, show_progress: bool = True) -> AttnOnlyTransformer:
+        self.open_folder(resume)
+        cfg, main = self.train_cfg, self.processes.is_main
+        tokens_per_step = cfg.batch_size * self.cfg.n_ctx
+        loss_module: torch.nn.Module = NextTokenLoss(self.model)
+        if self.processes.distributed:
+            loss_module = DistributedDataParallel(
+                loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
         columns = (
             TextColumn("[bold]step {task.completed}/{task.total}"),
             BarColumn(),
@@ -285,7 +378,7 @@ class Trainer:
         )
         losses: list[float] = []
         with (
-            Progress(*columns, disable=not show_progress, transient=False) as progress,
+            Progress(*columns, disable=not (show_progress and main), transient=False) as progress,
             StopRequest() as stop,
         ):
             task = progress.add_task(
@@ -293,40 +386,31 @@ class Trainer:
             )
             while self.step < cfg.steps:
                 started = time.perf_counter()
-                windows = sample_windows(
-                    self.data.train, cfg.batch_size, seq, step_generator(cfg.seed, self.step)
-                ).to(self.device)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = cfg.lr_at(self.step) * group["lr_mult"]
-                with self.autocast:
-                    loss = self.model.loss(windows)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                losses.append(loss.item())
-                if not math.isfinite(losses[-1]):
-                    raise QkovError(f"training diverged at step {self.step} (loss {losses[-1]}); lower --lr")
+                loss, stopping = self.train_step(loss_module, stop.requested)
+                losses.append(loss)
+                if not math.isfinite(loss):
+                    raise QkovError(f"training diverged at step {self.step} (loss {loss}); lower --lr")
                 tps = tokens_per_step / (time.perf_counter() - started)
                 progress.update(
                     task, completed=self.step, loss=f"{np.mean(losses[-20:]):.3f}", tps=f"{tps:,.0f}"
                 )
-                if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                if main and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                     row = {
                         "step": self.step,
                         "tokens": self.step * tokens_per_step,
                         "train_loss": float(np.mean(losses)),
                         **self.evaluate(),
                     }
-                    losses = []
                     self.log(row)
                     progress.update(task, eval=f"{row['eval_loss']:.3f}")
-                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                if self.step % cfg.eval_every == 0:
+                    losses = []
+                if main and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or stopping):
                     self.save_checkpoint()
-                if stop.requested:
-                    self.save_checkpoint()
+                if stopping:
+                    self.processes.barrier()  # no process exits before rank 0's checkpoint is written
                     raise KeyboardInterrupt
+        self.processes.barrier()
         return self.model
 
     def log(self, row: dict[str, float]) -> None:

@@ -6,6 +6,8 @@ the special token ``<|endoftext|>`` (id 0), as in GPT-2.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from qkov.data.corpus import Corpus
@@ -17,6 +19,11 @@ MIN_VOCAB = 257  # the 256 bytes and the end-of-text token
 
 def train_tokenizer(corpus: Corpus, vocab_size: int) -> Tokenizer:
     """Train byte-level BPE with ``vocab_size`` tokens (fewer if the corpus has fewer merges)."""
+    return train_tokenizer_on((d.text for d in corpus.documents), vocab_size, len(corpus.documents))
+
+
+def train_tokenizer_on(texts: Iterable[str], vocab_size: int, length: int | None = None) -> Tokenizer:
+    """Byte-level BPE with ``vocab_size`` tokens trained on ``texts`` (``length`` of them, if known)."""
     if vocab_size < MIN_VOCAB:
         raise QkovError(
             f"vocabulary size must be at least {MIN_VOCAB} (256 bytes + end of text), got {vocab_size}"
@@ -30,7 +37,7 @@ def train_tokenizer(corpus: Corpus, vocab_size: int) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator((d.text for d in corpus.documents), trainer, length=len(corpus.documents))
+    tokenizer.train_from_iterator(texts, trainer, length=length)
     return tokenizer
 
 

@@ -95,11 +95,21 @@ def cached_tokens(corpus: Corpus, tokenizer: Tokenizer) -> TokenSplits:
         raise QkovError(f"token cache {stem}: unreadable ({err}); delete it to rebuild") from None
 
 
+def window_starts(n_tokens: int, batch_size: int, length: int, generator: torch.Generator) -> list[int]:
+    """The offsets of ``batch_size`` windows of ``length`` tokens, uniformly random in a split of
+    ``n_tokens``: drawn for the whole global batch, so that every process draws the same ones."""
+    if n_tokens < length:
+        raise QkovError(f"corpus split has {n_tokens} tokens, fewer than one window of {length}")
+    return torch.randint(0, n_tokens - length + 1, (batch_size,), generator=generator).tolist()
+
+
+def windows_at(tokens: np.ndarray, starts: list[int], length: int) -> torch.Tensor:
+    """The windows of ``length`` consecutive tokens at ``starts``, ``[len(starts), length]`` int64."""
+    return torch.from_numpy(np.stack([np.asarray(tokens[s : s + length], dtype=np.int64) for s in starts]))
+
+
 def sample_windows(
     tokens: np.ndarray, batch_size: int, length: int, generator: torch.Generator
 ) -> torch.Tensor:
     """``batch_size`` windows of ``length`` consecutive tokens at uniformly random offsets."""
-    if len(tokens) < length:
-        raise QkovError(f"corpus split has {len(tokens)} tokens, fewer than one window of {length}")
-    starts = torch.randint(0, len(tokens) - length + 1, (batch_size,), generator=generator).tolist()
-    return torch.from_numpy(np.stack([np.asarray(tokens[s : s + length], dtype=np.int64) for s in starts]))
+    return windows_at(tokens, window_starts(len(tokens), batch_size, length, generator), length)

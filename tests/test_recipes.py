@@ -1,0 +1,34 @@
+"""Recipes: the defaults per depth, the paper's sizes, and the one way overrides become configs."""
+
+from __future__ import annotations
+
+import pytest
+
+import qkov
+from qkov.recipes import recipe
+
+
+def test_overrides_go_to_the_model_or_the_training_config():
+    r = recipe(2).override(d_model=64, steps=10, vocab_size=1000, seed=3, lr=None)
+    cfg, train_cfg = r.configs(d_vocab=997)
+    assert (cfg.n_layers, cfg.d_model, cfg.d_vocab, cfg.n_heads) == (2, 64, 997, 4)
+    assert (train_cfg.steps, train_cfg.seed, train_cfg.lr) == (10, 3, recipe(2).train.lr)
+    assert r.vocab_size == 1000
+    with pytest.raises(qkov.QkovError, match="unknown setting 'colour'"):
+        recipe(1).override(colour="red")
+
+
+def test_the_paper_preset_has_the_papers_sizes():
+    cfg, train_cfg = recipe(2, "paper").configs(d_vocab=50257)
+    assert (cfg.n_heads, cfg.d_head, cfg.d_model, cfg.n_ctx) == (12, 64, 768, 2048)
+    assert train_cfg.precision == "bf16"
+    with pytest.raises(qkov.QkovError, match="--preset"):
+        recipe(2, "huge")
+    with pytest.raises(qkov.QkovError, match="--layers"):
+        recipe(-1)
+
+
+@pytest.mark.parametrize("n_layers", [0, 1, 2, 3])
+def test_every_depth_has_a_valid_recipe(n_layers):
+    cfg, train_cfg = recipe(n_layers).configs(d_vocab=300)
+    assert cfg.n_layers == n_layers and train_cfg.steps >= 1000
