@@ -49,3 +49,17 @@ def write_tiny_corpus(folder, functions: int = 40):
 @pytest.fixture
 def tiny_corpus(tmp_path):
     return write_tiny_corpus(tmp_path / "corpus")
+
+
+def small_config(n_layers=2, positional_embedding="shortformer", **kw):
+    base = dict(n_layers=n_layers, n_heads=3, d_model=16, d_head=4, d_vocab=23, n_ctx=10)
+    return qkov.Config(positional_embedding=positional_embedding, **(base | kw))
+
+
+def float64_model(n_layers=2, positional_embedding="shortformer", biases=False, seed=0, **kw):
+    return random_model(small_config(n_layers, positional_embedding, **kw), seed=seed, biases=biases).double()
+
+
+def tokens_for(model, batch=3, pos=None, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.cfg.d_vocab, (batch, pos or model.cfg.n_ctx), generator=gen)

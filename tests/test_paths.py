@@ -1,10 +1,9 @@
-"""QK/OV circuits, virtual weights, path expansion and term importance against dense float64
-computations and the independent reference model."""
+"""Virtual weights, frozen attention, path expansion and term importance against dense float64
+computations and the independent reference model, for attention-only and GPT-2-style models."""
 
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -14,91 +13,9 @@ import torch.nn.functional as F
 import qkov
 from qkov.names import head_name
 
-from conftest import random_model
+from conftest import float64_model, random_model, small_config, tokens_for
 from handbuilt import two_back_model
 from reference import reference_forward
-
-
-def cfg(n_layers=2, positional_embedding="shortformer", **kw):
-    base = dict(n_layers=n_layers, n_heads=3, d_model=16, d_head=4, d_vocab=23, n_ctx=10)
-    return qkov.Config(positional_embedding=positional_embedding, **(base | kw))
-
-
-def float64_model(n_layers=2, positional_embedding="shortformer", biases=False, seed=0, **kw):
-    return random_model(cfg(n_layers, positional_embedding, **kw), seed=seed, biases=biases).double()
-
-
-def tokens_for(model, batch=3, pos=None, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, model.cfg.d_vocab, (batch, pos or model.cfg.n_ctx), generator=gen)
-
-
-# -- circuits ----------------------------------------------------------------------------------
-def test_qk_and_ov_circuits_are_each_heads_dense_products():
-    model = float64_model(3)
-    qk, ov = qkov.qk_circuit(model), qkov.ov_circuit(model)
-    assert qk.shape == ov.shape == (3, 3, 16, 16)
-    for layer, head in itertools.product(range(3), range(3)):
-        attn = model.blocks[layer].attn
-        torch.testing.assert_close(
-            qk[layer, head].AB, attn.W_Q[head] @ attn.W_K[head].T, rtol=1e-12, atol=1e-12
-        )
-        torch.testing.assert_close(
-            ov[layer, head].AB, attn.W_V[head] @ attn.W_O[head], rtol=1e-12, atol=1e-12
-        )
-        # the paper's column-vector forms are the transposes
-        paper_ov = attn.W_O[head].T @ attn.W_V[head].T
-        torch.testing.assert_close(ov[layer, head].AB.T, paper_ov, rtol=1e-12, atol=1e-12)
-
-
-def test_full_ov_circuit_is_the_token_to_logit_map_of_a_head():
-    model = float64_model(1, "none")
-    attn = model.blocks[0].attn
-    full = qkov.full_ov_circuit(model)
-    assert full.shape == (1, 3, 23, 23)
-    torch.testing.assert_close(full[0, 1].AB, model.W_E @ attn.W_V[1] @ attn.W_O[1] @ model.W_U)
-
-
-def test_full_qk_circuit_gives_the_first_layers_attention_pattern():
-    """With no positions, softmax over the causal row of W_E W_QK W_E^T / sqrt(d_head) is the pattern."""
-    model = float64_model(1, "none")
-    tokens = tokens_for(model, batch=2)
-    _, cache = model.run_with_cache(tokens)
-    scores = qkov.full_qk_circuit(model).AB[0][:, tokens[:, :, None], tokens[:, None, :]]  # [head, b, d, s]
-    causal = torch.ones(10, 10, dtype=torch.bool).tril()
-    pattern = scores.masked_fill(~causal, -math.inf).softmax(-1).permute(1, 0, 2, 3)
-    torch.testing.assert_close(pattern, cache["blocks.0.attn.hook_pattern"], rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("scheme", ["shortformer", "standard"])
-def test_qk_terms_sum_to_the_first_layers_attention_scores(scheme):
-    model = float64_model(1, scheme)
-    tokens = tokens_for(model, batch=2)
-    _, cache = model.run_with_cache(tokens)
-    terms = {name: fm.AB[0] for name, fm in qkov.qk_terms(model)._asdict().items()}
-    pos = torch.arange(10)
-    scores = (
-        terms["token_token"][:, tokens[:, :, None], tokens[:, None, :]]
-        + terms["token_pos"][:, tokens[:, :, None], pos[None, None, :]]
-        + terms["pos_token"][:, pos[None, :, None], tokens[:, None, :]]
-        + terms["pos_pos"][:, pos[None, :, None], pos[None, None, :]]
-    )
-    causal = torch.ones(10, 10, dtype=torch.bool).tril()
-    pattern = scores.masked_fill(~causal, -math.inf).softmax(-1).permute(1, 0, 2, 3)
-    torch.testing.assert_close(pattern, cache["blocks.0.attn.hook_pattern"], rtol=1e-12, atol=1e-12)
-    rms = qkov.qk_term_rms(qkov.qk_terms(model))
-    dense = terms["pos_token"]
-    torch.testing.assert_close(rms["pos_token"][0], dense.pow(2).mean((-1, -2)).sqrt())
-
-
-def test_qk_terms_need_positions():
-    with pytest.raises(qkov.QkovError, match="no positional embedding"):
-        qkov.qk_terms(float64_model(1, "none"))
-
-
-def test_a_model_without_layers_has_no_circuits():
-    with pytest.raises(qkov.QkovError, match="no attention heads"):
-        qkov.ov_circuit(float64_model(0))
 
 
 # -- virtual weights ---------------------------------------------------------------------------
@@ -159,7 +76,7 @@ def test_path_terms_sum_to_the_logits_in_float64(n_layers, scheme, biases):
 
 @pytest.mark.parametrize("n_layers", [1, 2, 3])
 def test_path_terms_sum_to_the_logits_in_float32(n_layers):
-    model = random_model(cfg(n_layers, "shortformer"), seed=3)
+    model = random_model(small_config(n_layers, "shortformer"), seed=3)
     tokens = tokens_for(model)
     total = sum(qkov.path_expansion(model, tokens).values())
     logits = model(tokens).detach()
