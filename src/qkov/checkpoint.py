@@ -8,7 +8,6 @@ a truncated or corrupt file, a tokenizer whose vocabulary does not fit ``d_vocab
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from tokenizers import Tokenizer
 
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.io import atomic_write, atomic_write_text
+from qkov.io import atomic_write, atomic_write_text, read_json
 from qkov.model import Transformer
 
 CONFIG_FILE = "config.json"
@@ -71,11 +70,7 @@ def load_config(path: str | os.PathLike) -> Config:
     file = Path(path) / CONFIG_FILE
     if not file.is_file():
         raise QkovError(f"{path}: not a checkpoint folder (no {CONFIG_FILE})")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise QkovError(f"{file}: not valid JSON ({err})") from None
-    return Config.from_dict(data)
+    return Config.from_dict(read_json(file))
 
 
 def read_tensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

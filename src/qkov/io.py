@@ -5,10 +5,14 @@ A reader (or a run killed half-way) never sees a half-written file: it sees the 
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from qkov.errors import QkovError
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
@@ -28,6 +32,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_json(file: Path) -> Any:
+    """Parsed JSON, or one :class:`QkovError` line naming the file when it is not valid JSON text."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise QkovError(f"{file}: not valid JSON ({err})") from None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -4,7 +4,6 @@ unpickle: a folder with only ``pytorch_model.bin`` is refused with instructions 
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from qkov.checkpoint import all_finite, load_tokenizer, model_from_tensors, read_tensors
 from qkov.config import Config
 from qkov.errors import QkovError
+from qkov.io import read_json
 from qkov.model import Transformer
 
 CONVERT_HINT = (
@@ -37,10 +37,7 @@ def read_config_json(folder: Path) -> dict[str, Any]:
     file = folder / "config.json"
     if not file.is_file():
         raise QkovError(f"{folder}: no config.json")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise QkovError(f"{file}: not valid JSON ({err})") from None
+    data = read_json(file)
     if not isinstance(data, dict):
         raise QkovError(f"{file}: expected a JSON object")
     return data
