@@ -45,7 +45,7 @@ from qkov.circuits.heads import (
     previous_token_scores,
 )
 from qkov.circuits.paths import term_importance
-from qkov.circuits.qk_ov import full_ov_circuit, qk_term_rms, qk_terms
+from qkov.circuits.qk_ov import full_ov_circuit, qk_term_rms
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.interop import import_checkpoint
 from qkov.linalg import random_copying_scores
@@ -150,7 +150,7 @@ def analyze_stages(model: qkov.Transformer, hooked, skip: set[str]) -> None:
         if "head-scores" not in skip:
             head_scores(model, hooked, repeated, period)
         if "qk-terms" not in skip:
-            _, s, m = measure(lambda: qk_term_rms(qk_terms(model)))
+            _, s, m = measure(lambda: qk_term_rms(model))
             row("position versus content (QK terms)", s, m)
         if "term-importance" not in skip:
             _, s, m = measure(lambda: term_importance(model, repeated))

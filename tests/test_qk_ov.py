@@ -67,9 +67,9 @@ def test_qk_terms_sum_to_the_first_layers_attention_scores(scheme):
     causal = torch.ones(10, 10, dtype=torch.bool).tril()
     pattern = scores.masked_fill(~causal, -math.inf).softmax(-1).permute(1, 0, 2, 3)
     torch.testing.assert_close(pattern, cache["blocks.0.attn.hook_pattern"], rtol=1e-12, atol=1e-12)
-    rms = qkov.qk_term_rms(qkov.qk_terms(model))
-    dense = terms["pos_token"]
-    torch.testing.assert_close(rms["pos_token"][0], dense.pow(2).mean((-1, -2)).sqrt())
+    rms = qkov.qk_term_rms(model)
+    for name, dense in terms.items():
+        torch.testing.assert_close(rms[name][0], dense.pow(2).mean((-1, -2)).sqrt(), rtol=1e-10, atol=0)
 
 
 def test_qk_terms_need_positions():

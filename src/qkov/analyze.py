@@ -43,7 +43,7 @@ from qkov.circuits.heads import (
 )
 from qkov.circuits.paths import term_importance
 from qkov.circuits.phase_change import TrainingPoint, phase_change, read_training_log
-from qkov.circuits.qk_ov import qk_term_rms, qk_terms
+from qkov.circuits.qk_ov import qk_term_rms
 from qkov.circuits.skip_trigrams import (
     head_circuits,
     skip_trigram_bugs,
@@ -250,7 +250,7 @@ def attention_step(ctx: Context) -> AttentionExamples:
 def position_content_step(ctx: Context) -> dict[str, dict[str, float]] | None:
     if ctx.model.W_pos is None:
         return None
-    rms = qk_term_rms(qk_terms(ctx.model))
+    rms = qk_term_rms(ctx.model)
     return {
         term: {head_name(layer, head): float(v) for (layer, head), v in np.ndenumerate(values.numpy())}
         for term, values in rms.items()

@@ -126,8 +126,19 @@ def qk_terms(model: AttnOnlyTransformer) -> QKTerms:
     )
 
 
-def qk_term_rms(terms: QKTerms) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
-    """The root-mean-square entry of each :class:`QKTerms` term (exact, from the factored norm):
-    a scale-free summary of how much of each head's attention is about content and how much
-    about position."""
-    return {name: fm.norm() / math.sqrt(fm.m * fm.n) for name, fm in terms._asdict().items()}
+def qk_term_rms(model: AttnOnlyTransformer) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
+    """The root-mean-square entry of each :class:`QKTerms` term: a scale-free summary of how much of
+    each head's attention is about content and how much about position. Exact, from the norms of
+    ``X (W_Q W_K^T / sqrt(d_head)) Y^T`` with ``X, Y`` each ``W_E`` or ``W_pos`` kept shared
+    (:class:`~qkov.linalg.SharedFactoredMatrix`: one QR of each, nothing vocabulary-long per head)."""
+    model = circuit_model(model)
+    if model.W_pos is None:
+        raise QkovError("the model has no positional embedding (positional_embedding='none')")
+    qk = qk_circuit(model) * model.cfg.d_head**-0.5
+    sides = {"token": model.W_E, "pos": model.W_pos}
+    return {
+        f"{d}_{s}": SharedFactoredMatrix(sides[d], qk, sides[s].mT).norm()
+        / math.sqrt(len(sides[d]) * len(sides[s]))
+        for d in ("token", "pos")
+        for s in ("token", "pos")
+    }
