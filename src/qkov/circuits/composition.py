@@ -26,7 +26,7 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from qkov.circuits.copying import copying_score
+from qkov.circuits.copying import eigenvalue_positivity
 from qkov.circuits.qk_ov import stacked_weights
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
@@ -175,8 +175,10 @@ def k_composition_positivity(
     """:func:`qkov.copying_score` of every :func:`k_composition_circuit`, NaN where
     ``layer_from >= layer_to``: near +1 for an induction head reading a previous-token head.
 
-    The eigenvalues come from the ``d_head x d_head`` reordering ``(keys^T queries)``, with the
-    token Gram matrix ``W_E^T W_E`` formed once, so no vocabulary-sized factor is built per pair."""
+    The term is ``W_E W_Q2 W_K2^T W_O1^T W_V1^T W_E^T`` (row vectors, scale left out: it does not
+    change the sign of an eigenvalue); its nonzero eigenvalues are those of the ``d_head x d_head``
+    reordering ``(W_O1 W_K2)^T (W_V1^T G W_Q2)``, with the token Gram matrix ``G = W_E^T W_E`` formed
+    once, so nothing vocabulary-sized, and nothing ``d_model x d_model`` per pair, is built."""
     model = circuit_model(model)
     cfg = model.cfg
     out = torch.full((cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), math.nan, dtype=torch.float64)
@@ -187,7 +189,8 @@ def k_composition_positivity(
         for layer_to in range(1, cfg.n_layers):
             queries = gram @ W_Q[layer_to]  # [head_to, d_model, d_head]
             for layer_from in range(layer_to):
-                ov = W_V[layer_from] @ W_O[layer_from]  # [head_from, d_model, d_model]
-                keys_T = W_K[layer_to].mT[None] @ ov.mT[:, None]  # [head_from, head_to, d_head, d_model]
-                out[layer_from, :, layer_to] = copying_score(FactoredMatrix(keys_T, queries[None]))
+                values = W_V[layer_from].mT[:, None] @ queries[None]  # [head_from, head_to, d_head, d_head]
+                keys = W_O[layer_from][:, None] @ W_K[layer_to][None]  # [head_from, head_to, d_head, d_head]
+                small = keys.mT @ values
+                out[layer_from, :, layer_to] = eigenvalue_positivity(torch.linalg.eigvals(small))
     return out
