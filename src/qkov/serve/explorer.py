@@ -14,9 +14,9 @@ from typing import TypeVar
 import torch
 
 from qkov.analyze import token_strings
-from qkov.circuits.qk_ov import full_ov_circuit, full_qk_circuit
+from qkov.circuits.qk_ov import shared_full_ov_circuit, shared_full_qk_circuit
 from qkov.errors import QkovError
-from qkov.linalg import FactoredMatrix
+from qkov.linalg import FactoredMatrix, SharedFactoredMatrix
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, parse_head
 
@@ -50,14 +50,23 @@ class Explorer:
             return self._built[name]
 
     @property
-    def full_ov(self) -> FactoredMatrix:
-        """Every head's full OV circuit ``[n_layers, n_heads, d_vocab, d_vocab]``, factored."""
-        return self.once("full_ov", lambda: full_ov_circuit(self.model))
+    def full_ov(self) -> SharedFactoredMatrix:
+        """Every head's full OV circuit ``W_E (W_V W_O) W_U``, with ``W_E`` and ``W_U`` kept shared."""
+        return self.once("full_ov", lambda: shared_full_ov_circuit(self.model))
 
     @property
-    def full_qk(self) -> FactoredMatrix:
-        """Every head's full QK circuit ``[n_layers, n_heads, d_vocab, d_vocab]``, factored."""
-        return self.once("full_qk", lambda: full_qk_circuit(self.model))
+    def full_qk(self) -> SharedFactoredMatrix:
+        """Every head's full QK circuit ``W_E (W_Q W_K^T / sqrt(d_head)) W_E^T``, ``W_E`` shared."""
+        return self.once("full_qk", lambda: shared_full_qk_circuit(self.model))
+
+    def circuit_row(self, circuit: str, layer: int, head: int, token: int) -> FactoredMatrix:
+        """Row ``token`` of one head's full OV or QK circuit, ``[1, d_vocab]``, factored: built for
+        this row alone from the shared factors, so nothing vocabulary-long is kept per head (a
+        model with a 50k vocabulary would need gigabytes for every head's factors)."""
+        full = self.full_ov if circuit == "OV" else self.full_qk
+        return FactoredMatrix(
+            full.left[token : token + 1] @ full.inner.A[layer, head], full.inner.B[layer, head] @ full.right
+        )
 
     # -- checked inputs ---------------------------------------------------------------------------
     def describe(self) -> dict:

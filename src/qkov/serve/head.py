@@ -34,10 +34,11 @@ def ov_for_token(ex: Explorer, layer: int, head: int, token: int, k: int, progre
     row): the ``k`` tokens it raises and lowers most over the whole vocabulary (streamed top-k of
     the factored row), and where the token's own logit ranks (copying puts it first)."""
     progress.step(0, 1, "reading the OV circuit's row")
-    row = ex.full_ov[layer, head, token : token + 1, :]
+    row = ex.circuit_row("OV", layer, head, token)
     raised, lowered = row.topk(k), row.topk(k, largest=False)
-    own = float(ex.full_ov[layer, head, token, token])
-    own_rank = int((row.AB[0] > own).sum()) + 1
+    dense = row.AB[0]
+    own = float(dense[token])
+    own_rank = int((dense > own).sum()) + 1
     return {
         "token": {"id": token, "str": ex.strings[token]},
         "raised": ex.listed(raised.cols.tolist(), raised.values.tolist()),
@@ -51,7 +52,7 @@ def qk_for_token(ex: Explorer, layer: int, head: int, token: int, k: int, progre
     """Where the head looks from a destination ``token`` (its full QK circuit's row, the
     token-token term of the pre-softmax score): the sources it prefers and avoids most."""
     progress.step(0, 1, "reading the QK circuit's row")
-    row = ex.full_qk[layer, head, token : token + 1, :]
+    row = ex.circuit_row("QK", layer, head, token)
     preferred, avoided = row.topk(k), row.topk(k, largest=False)
     return {
         "token": {"id": token, "str": ex.strings[token]},
