@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 from hypothesis import settings
+from hypothesis import strategies as st
 
 import qkov
 
@@ -63,3 +64,30 @@ def float64_model(n_layers=2, positional_embedding="shortformer", biases=False, 
 def tokens_for(model, batch=3, pos=None, seed=1):
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, model.cfg.d_vocab, (batch, pos or model.cfg.n_ctx), generator=gen)
+
+
+@st.composite
+def small_float64_models(draw):
+    """Random float64 models of small shapes for the algebra's property tests: ``d_head > d_vocab``
+    and ``d_model > d_vocab`` included, and the first head generic, zero (``W_O = W_K = 0``) or
+    rank-one (``W_V`` and ``W_Q`` of rank one)."""
+    cfg = qkov.Config(
+        n_layers=draw(st.integers(1, 2)),
+        n_heads=draw(st.integers(1, 2)),
+        d_model=draw(st.integers(1, 8)),
+        d_head=draw(st.integers(1, 9)),
+        d_vocab=draw(st.integers(2, 12)),
+        n_ctx=4,
+        positional_embedding="none",
+    )
+    model = random_model(cfg, seed=draw(st.integers(0, 2**31 - 1))).double()
+    with torch.no_grad():
+        attn = model.blocks[0].attn
+        kind = draw(st.sampled_from(["generic", "zero", "rank-one"]))
+        if kind == "zero":
+            attn.W_O[0] = 0.0
+            attn.W_K[0] = 0.0
+        elif kind == "rank-one":
+            attn.W_V[0] = attn.W_V[0, :, :1] * torch.ones(cfg.d_head)
+            attn.W_Q[0] = attn.W_Q[0, :, :1] * torch.ones(cfg.d_head)
+    return model

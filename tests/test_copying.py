@@ -16,7 +16,7 @@ import qkov
 from qkov import FactoredMatrix, copying_score, random_copying_scores
 from qkov.circuits import copying
 
-from conftest import random_model
+from conftest import random_model, small_float64_models
 from handbuilt import skip_trigram_model
 
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -76,28 +76,8 @@ def test_random_baseline_is_centred_and_bounded():
     assert float(scores.std()) > 0.05
 
 
-@st.composite
-def small_models(draw):
-    """Random float64 models of small shapes, ``d_head > d_vocab`` and ``d_model > d_vocab``
-    included, some heads zero."""
-    cfg = qkov.Config(
-        n_layers=draw(st.integers(1, 2)),
-        n_heads=draw(st.integers(1, 2)),
-        d_model=draw(st.integers(1, 8)),
-        d_head=draw(st.integers(1, 9)),
-        d_vocab=draw(st.integers(2, 12)),
-        n_ctx=4,
-        positional_embedding="none",
-    )
-    model = random_model(cfg, seed=draw(st.integers(0, 2**31 - 1))).double()
-    if draw(st.booleans()):
-        with torch.no_grad():
-            model.blocks[0].attn.W_O[0] = 0.0
-    return model
-
-
 @PROPERTY
-@given(small_models(), st.integers(1, 4096))
+@given(small_float64_models(), st.integers(1, 4096))
 def test_direct_measures_match_the_dense_circuit(model, block_bytes):
     expected = dense_direct(model)
     with pytest.MonkeyPatch.context() as patch:
