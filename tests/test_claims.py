@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from phase_logs import GRID, ONE_LAYER_LINEAR, log_of, logistic, two_layer
 from qkov.analyze import analyze
-from qkov.circuits.phase_change import PhaseChange
+from qkov.circuits.phase_change import phase_change
 from qkov.claims import evaluate_claims, phase_change_claim, repeat_loss_claim
 from qkov.results import Results
 
@@ -50,13 +51,24 @@ def test_the_repeat_loss_claim_follows_its_rule(models):
 
 
 def test_the_phase_change_claim_follows_its_rule(models):
-    def change(width: float) -> Results:
-        return dataclasses.replace(
-            models["2-layer"], phase_change=PhaseChange(1e6, 2e6, width, 1.5e6, 0.0, 0.4)
-        )
+    def claim(two_layer_log, one_layer_log):
+        one = dataclasses.replace(models["1-layer"], training=one_layer_log)
+        return phase_change_claim(one, dataclasses.replace(models["2-layer"], training=two_layer_log))
 
-    assert phase_change_claim(change(0.2)).holds and not phase_change_claim(change(0.3)).holds
-    assert not phase_change_claim(dataclasses.replace(models["2-layer"], phase_change=None)).holds
+    holds = claim(two_layer(), ONE_LAYER_LINEAR)
+    assert holds.holds and holds.holds == phase_change(two_layer(), ONE_LAYER_LINEAR).holds
+    assert holds.measured == (
+        "window 6.31M-15.8M tokens, 0.40 decades (best induction score 0.02 to 0.52); ICL 80% inside; "
+        "bump: yes; 1-layer control: none (narrowest 50% window 1.50 decades)"
+    )
+    sharp_one_layer = log_of(icl_score=-logistic(GRID, 6.0, 0.4))
+    assert "control: a window too (narrowest 50% window 0.20" in claim(two_layer(), sharp_one_layer).measured
+    assert not claim(two_layer(), sharp_one_layer).holds
+    assert not claim(two_layer(width=2.0), ONE_LAYER_LINEAR).holds
+    assert not claim(two_layer(bump=0.0), ONE_LAYER_LINEAR).holds  # a straight loss has no bump
+    assert "bump: no" in claim(two_layer(bump=0.0), ONE_LAYER_LINEAR).measured
+    assert claim([], ONE_LAYER_LINEAR).measured == "no rise in the best induction score during training"
+    assert "at most 0.7 decades" in holds.rule and "at least 50% of its change" in holds.rule
 
 
 def test_every_rule_is_stated_in_the_readme(models):

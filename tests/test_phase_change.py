@@ -1,24 +1,143 @@
-"""The phase change read off a training log, and the log's reading with clear errors."""
+"""The phase change by the rule of Olsson et al. 2022's signatures, on synthetic logs whose answers
+are known in advance (a logistic rise of known width in log tokens), and the log's reading."""
 
 from __future__ import annotations
 
+import json
+import math
+
+import numpy as np
 import pytest
 
-from qkov.circuits.phase_change import TrainingPoint, phase_change, read_training_log
+from phase_logs import GRID, ONE_LAYER_LINEAR, log_of, logistic, two_layer
+from qkov.circuits.phase_change import (
+    MAX_WINDOW_DECADES,
+    ControlWindow,
+    TrainingPoint,
+    loss_slope,
+    narrowest_window,
+    phase_change,
+    read_training_log,
+)
 from qkov.errors import QkovError
 
 
-def points(scores: list[tuple[int, float]]) -> list[TrainingPoint]:
-    return [TrainingPoint(step=i, tokens=t, induction_score=s) for i, (t, s) in enumerate(scores)]
+def test_the_window_of_a_logistic_rise_is_its_known_width():
+    change = phase_change(two_layer(width=0.4))
+    assert change.window_decades == pytest.approx(0.4, abs=0.01)
+    assert math.log10(change.window_start_tokens) == pytest.approx(6.8, abs=0.01)
+    assert math.log10(change.window_end_tokens) == pytest.approx(7.2, abs=0.01)
+    assert change.window_decades == pytest.approx(
+        math.log10(change.window_end_tokens / change.window_start_tokens)
+    )
+    assert change.icl_change == pytest.approx(0.8, abs=0.01)  # the same logistic: 10% to 90%
+    assert (change.initial_induction, change.final_induction) == pytest.approx((0.02, 0.52), abs=1e-6)
+    assert change.initial_icl == pytest.approx(-0.1, abs=1e-6)
+    assert change.signatures == ["induction_score", "icl_score", "loss_bump"]
+    assert change.control is None and not change.holds  # one checkpoint alone: no control
 
 
-def test_phase_change_is_where_the_induction_score_rises():
-    change = phase_change(points([(0, 0.0), (10, 0.02), (20, 0.05), (30, 0.3), (40, 0.38), (50, 0.4)]))
-    assert change.onset_tokens == 20 and change.complete_tokens == 40  # 10% = 0.04, 90% = 0.36
-    assert change.width_fraction == pytest.approx(20 / 50)
-    assert change.steepest_tokens == 25 and change.final_induction == 0.4
+def test_all_three_signatures_and_a_control_without_a_window_hold():
+    change = phase_change(two_layer(), ONE_LAYER_LINEAR)
+    assert change.control.narrowest_decades == pytest.approx(1.5, abs=1e-5)  # half of 3 decades
+    assert not change.control.found and change.holds
+
+
+def test_a_one_layer_model_with_its_own_window_fails_the_control():
+    sharp = log_of(icl_score=-0.5 * logistic(GRID, 6.0, 0.4))
+    change = phase_change(two_layer(), sharp)
+    # a logistic makes half its change over half its 10%-90% width, centred
+    assert change.control.narrowest_decades == pytest.approx(0.2, abs=0.01)
+    assert math.log10(change.control.narrowest_start_tokens) == pytest.approx(5.9, abs=0.01)
+    assert change.control.found and not change.holds
+
+
+def test_a_one_layer_control_that_never_moves_or_was_not_logged_shows_none():
+    flat = phase_change(two_layer(), log_of(icl_score=np.full(len(GRID), -0.2)))
+    assert flat.control == ControlWindow(None, None, None, False) and flat.holds
+    assert phase_change(two_layer(), []).control == ControlWindow(None, None, None, False)
+
+
+def test_a_gradual_rise_is_not_a_phase_change():
+    # the logistic is cut 2 decades from its centre, so its 10%-90% part is a little narrower than 2
+    change = phase_change(two_layer(width=2.0), ONE_LAYER_LINEAR)
+    assert (
+        change.window_decades == pytest.approx(2.0, abs=0.06) and change.window_decades > MAX_WINDOW_DECADES
+    )
+    assert "induction_score" not in change.signatures and not change.holds
+
+
+def test_no_bump_when_the_loss_slope_only_flattens():
+    change = phase_change(two_layer(bump=0.0), ONE_LAYER_LINEAR)
+    assert change.signatures == ["induction_score", "icl_score"] and not change.holds
+    slopes = [v for _, v in change.loss_slope]
+    assert slopes == sorted(slopes)  # d/dx (7 - 0.3 x + 0.02 (x - 4)^2) = -0.3 + 0.04 (x - 4)
+    first = math.log10(change.loss_slope[0][0])
+    assert first == pytest.approx(4.075, abs=1e-4) and slopes[0] == pytest.approx(-0.297, abs=1e-4)
+
+
+def test_icl_outside_the_window_is_not_a_signature():
+    late = [
+        TrainingPoint(**{**vars(row), "icl_score": float(-logistic(np.array([x]), 8.0, 0.4)[0])})
+        for row, x in zip(two_layer(), GRID, strict=True)
+    ]
+    change = phase_change(late, ONE_LAYER_LINEAR)
+    assert change.icl_change == pytest.approx(0.0, abs=1e-3)
+    assert change.signatures == ["induction_score", "loss_bump"]
+
+
+def test_the_window_ends_are_interpolated_in_log_tokens():
+    rows = [(1e3, 0.0), (1e4, 0.0), (1e5, 0.2), (1e6, 1.0), (1e7, 1.0)]
+    change = phase_change(
+        [TrainingPoint(step=i, tokens=int(t), induction_score=s) for i, (t, s) in enumerate(rows)]
+    )
+    assert change.window_start_tokens == pytest.approx(10**4.5)  # 0.1 halfway from 0 to 0.2
+    assert change.window_end_tokens == pytest.approx(10**5.875)  # 0.9 = 0.2 + 0.875 * 0.8
+    assert change.window_decades == pytest.approx(1.375)
+    assert change.loss_slope == [] and change.icl_change is None and change.signatures == []
     assert phase_change([]) is None
-    assert phase_change(points([(1, 0.3), (2, 0.1)])) is None  # no rise
+    assert phase_change([TrainingPoint(step=1, tokens=10, induction_score=0.3),
+                         TrainingPoint(step=2, tokens=20, induction_score=0.1)]) is None  # fmt: skip
+
+
+def test_the_narrowest_window_and_the_loss_slope_by_hand():
+    x, u = np.array([0.0, 1.0, 2.0, 3.0]), np.array([0.0, 0.1, 0.9, 1.0])
+    a, b = narrowest_window(x, u, 0.5)
+    assert b - a == pytest.approx(0.5 / 0.8) and 1.0 <= a and b <= 2.0  # inside the steep segment
+    assert narrowest_window(x, u, 1.5) is None
+    losses = [5.0, 4.0, 3.5, 3.4, 3.0]
+    log = [TrainingPoint(step=i, tokens=10 ** (i + 1), train_loss=v) for i, v in enumerate(losses)]
+    slope = loss_slope(log)  # slopes -1, -0.5, -0.1, -0.4 per decade
+    assert [t for t, _ in slope] == pytest.approx([10**2.5, 10**3.5])
+    assert [v for _, v in slope] == pytest.approx([-1.6 / 3, -1.0 / 3])
+
+
+def test_an_old_log_without_the_icl_fields_loads_without_that_signature(tmp_path):
+    rows = [
+        {"step": i, "tokens": row.tokens, "train_loss": row.train_loss, "eval_loss": 5.0,
+         "induction_score": row.induction_score, "previous_token_score": 0.5}
+        for i, row in enumerate(two_layer())
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = read_training_log(tmp_path)
+    assert log[0].icl_score is None and log[0].loss_by_position is None
+    change = phase_change(log, ONE_LAYER_LINEAR)
+    assert change.icl_change is None and change.initial_icl is None
+    assert change.signatures == ["induction_score", "loss_bump"] and not change.holds
+
+
+def test_a_log_written_by_another_program_is_judged_the_same_way(tmp_path):
+    ours = two_layer()
+    lines = [
+        json.dumps({"tokens": row.tokens, "step": row.step, "icl_score": row.icl_score,
+                    "induction_score": row.induction_score, "train_loss": row.train_loss,
+                    "loss_by_position": [1.0, 0.5], "their_metric": "x"})
+        for row in ours
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n\n")
+    theirs = read_training_log(tmp_path)
+    assert theirs[3].loss_by_position == [1.0, 0.5] and theirs[3].their_metric == "x"
+    assert phase_change(theirs, ONE_LAYER_LINEAR) == phase_change(ours, ONE_LAYER_LINEAR)
 
 
 def test_a_log_from_another_program_reads_the_same(tmp_path):

@@ -1,6 +1,7 @@
 """The paper's claims, each checked by one small function: measurements in, a :class:`Claim` out.
 
-Every threshold is named once here (or, for the head roles, in :mod:`qkov.circuits.heads`) and
+Every threshold is named once here (or, for the head roles, in :mod:`qkov.circuits.heads`, and for
+the phase change in :mod:`qkov.circuits.phase_change`, beside its sources) and
 written into the claim's ``rule``, which the report and the README show; a claim ``holds`` only by
 its rule, never by hand.
 """
@@ -10,12 +11,12 @@ from __future__ import annotations
 import keyword
 
 from qkov.circuits.heads import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD
+from qkov.circuits.phase_change import MAX_WINDOW_DECADES, MOST_OF_CHANGE, ControlWindow, phase_change
 from qkov.results import Claim, Results, SkipTrigramRow
 
 BIGRAM_CORRELATION = 0.5  # log P(next | current): the direct path against the corpus
 K_COMPOSITION_POSITIVITY = 0.5  # eigenvalue positivity of the induction head's K-composition term
 REPEAT_LOSS_DROP = 1.0  # nats, first repeat to second
-PHASE_CHANGE_WIDTH = 0.25  # the 10%-90% rise of the induction score, as a fraction of the run
 K_DOMINANCE = 1.5  # the strongest K pair over the strongest Q and V pairs (baseline subtracted)
 SECOND_ORDER_SHARE = 0.25  # second-order loss reduction, as a fraction of the first-order one
 PYTHON_WORDS = {"self", "cls", "__init__", "print", "len", "range", "isinstance"}  # besides keywords
@@ -128,22 +129,43 @@ def repeat_loss_claim(one: Results, two: Results) -> Claim:
     )
 
 
-def phase_change_claim(two: Results) -> Claim:
-    change = two.phase_change
-    measured = (
-        f"the best induction score went from {change.initial_induction:.2f} to {change.final_induction:.2f}; "
-        f"it passed 10% of that rise at {change.onset_tokens / 1e6:.1f}M tokens and 90% at "
-        f"{change.complete_tokens / 1e6:.1f}M: {change.width_fraction:.0%} of the run"
-        if change
-        else "no rise in the induction score during training"
-    )
+def _tokens(n: float) -> str:
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k"
+
+
+def _control(control: ControlWindow | None) -> str:
+    if control is None or control.narrowest_decades is None:
+        return "1-layer control: none (its in-context-learning score never moved or was not logged)"
+    verdict = "a window too" if control.found else "none"
+    width = f"narrowest {MOST_OF_CHANGE:.0%} window {control.narrowest_decades:.2f} decades"
+    return f"1-layer control: {verdict} ({width})"
+
+
+def phase_change_claim(one: Results, two: Results) -> Claim:
+    """The 2-layer run's window and signatures, against the 1-layer run's control (both read from the
+    training logs in the models' results, by :func:`~qkov.circuits.phase_change.phase_change`)."""
+    change = phase_change(two.training, one.training)
+    if change is None:
+        measured = "no rise in the best induction score during training"
+    else:
+        icl = "ICL score not logged" if change.icl_change is None else f"ICL {change.icl_change:.0%} inside"
+        bump = "yes" if "loss_bump" in change.signatures else "no"
+        measured = (
+            f"window {_tokens(change.window_start_tokens)}-{_tokens(change.window_end_tokens)} tokens, "
+            f"{change.window_decades:.2f} decades (best induction score {change.initial_induction:.2f} to "
+            f"{change.final_induction:.2f}); {icl}; bump: {bump}; " + _control(change.control)
+        )
     return Claim(
         "Induction heads form in a phase change during training",
-        "The in-context learning ability appears abruptly (the induction bump), in a small fraction of "
-        "training.",
+        "In-context learning and induction heads appear together in one narrow window of training, visible "
+        "as a bump in the training loss; a one-layer model has no such window (Olsson et al. 2022).",
         measured,
-        f"the 10%-90% rise of the best induction score takes at most {PHASE_CHANGE_WIDTH:.0%} of the run",
-        change is not None and change.width_fraction <= PHASE_CHANGE_WIDTH,
+        f"the best induction score's 10%-90% rise spans at most {MAX_WINDOW_DECADES} decades of training "
+        f"tokens, the in-context-learning score makes at least {MOST_OF_CHANGE:.0%} of its change inside "
+        "that window, the training loss falls more steeply (per decade of tokens) somewhere inside it than "
+        f"at both ends, and the 1-layer model's in-context-learning score makes {MOST_OF_CHANGE:.0%} of its "
+        "change in no window that narrow",
+        change is not None and change.holds,
     )
 
 
@@ -192,7 +214,7 @@ def evaluate_claims(models: dict[str, Results]) -> list[Claim]:
         skip_trigram_bug_claim(one),
         induction_claim(two),
         repeat_loss_claim(one, two),
-        phase_change_claim(two),
+        phase_change_claim(one, two),
         k_composition_claim(two),
         virtual_head_claim(two),
     ]

@@ -39,7 +39,7 @@ from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the phase change by Olsson et al.'s signatures (window in log tokens)
 SCHEMA_FILE = Path(__file__).parent / "schema" / "results.schema.json"
 
 

@@ -6,7 +6,7 @@ data is embedded as JSON with ``<``, ``>`` and ``&`` escaped, and inserted as te
 
 from __future__ import annotations
 
-from qkov.report.sections import SECTIONS, claims_section, model_header
+from qkov.report.sections import SECTIONS, claims_section, model_header, phase_change_section
 from qkov.report.svg import esc
 from qkov.results import Claim, Results
 
@@ -79,7 +79,8 @@ def model_section(name: str, r: Results) -> str:
 def render_report(
     models: dict[str, Results], claims: list[Claim] | None = None, title: str = "qkov report"
 ) -> str:
-    """The whole page: the claims table first (when given), then one section per model."""
+    """The whole page: the claims table first (when given), the phase change across the models, then
+    one section per model."""
     nav = " · ".join(f'<a href="#{esc(name)}">{esc(name)}</a>' for name in models)
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
@@ -87,6 +88,7 @@ def render_report(
         f"<h1>{esc(title)}</h1><p class='small'>A Mathematical Framework for Transformer Circuits, read "
         f"off the weights by qkov. Models: {nav}</p>"
         + (claims_section(claims) if claims else "")
+        + phase_change_section(models)
         + "".join(model_section(name, r) for name, r in models.items())
         + f"<script>{VIEWER_JS}</script></body></html>"
     )

@@ -4,8 +4,12 @@ passes through :func:`esc`: token strings come from an untrusted corpus."""
 
 from __future__ import annotations
 
+import base64
+import bisect
 import html
 import math
+import struct
+import zlib
 
 FONT = 'font-family="system-ui, sans-serif" font-size="11"'
 SMALL_FONT = 'font-family="system-ui, sans-serif" font-size="8"'
@@ -15,14 +19,18 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def diverging(value: float | None, limit: float) -> str:
-    """Blue (negative) through white to red (positive); grey for undefined."""
+def diverging_rgb(value: float | None, limit: float) -> tuple[int, int, int]:
+    """Blue (negative) through white to red (positive), saturating at ``limit``; grey for undefined."""
     if value is None or limit <= 0 or math.isnan(value):
-        return "#dddddd"
+        return (221, 221, 221)
     t = max(-1.0, min(1.0, value / limit))
     if t >= 0:
-        return f"rgb(255,{round(255 * (1 - t))},{round(255 * (1 - t))})"
-    return f"rgb({round(255 * (1 + t))},{round(255 * (1 + t))},255)"
+        return (255, round(255 * (1 - t)), round(255 * (1 - t)))
+    return (round(255 * (1 + t)), round(255 * (1 + t)), 255)
+
+
+def diverging(value: float | None, limit: float) -> str:
+    return "rgb({},{},{})".format(*diverging_rgb(value, limit))
 
 
 def sequential(value: float, limit: float = 1.0) -> str:
@@ -53,6 +61,8 @@ def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
 
 
 def _fmt(x: float) -> str:
+    if abs(x) >= 1e9:
+        return f"{x / 1e9:.3g}B"
     if abs(x) >= 1e6:
         return f"{x / 1e6:.3g}M"
     if abs(x) >= 1e3:
@@ -60,11 +70,24 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-class _Axes:
-    """A plotting area with linear scales and labelled axes."""
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks of a log axis whose range is ``[lo, hi]`` in log10 units: 1, 2 and 5 times each power of
+    ten, or the powers alone when those are too many."""
+    powers = range(math.floor(lo), math.ceil(hi) + 1)
+    for mults in ((1, 2, 5), (1,)):
+        ticks = [math.log10(m) + p for p in powers for m in mults if lo <= math.log10(m) + p <= hi]
+        if len(ticks) <= 8:
+            return ticks
+    return ticks
 
-    def __init__(self, x_range, y_range, width=520, height=240, left=56, bottom=36):
-        self.x0, self.x1 = x_range
+
+class _Axes:
+    """A plotting area with labelled axes: linear scales, or a log10 x scale (``log_x``: ``x(value)``
+    takes the value itself, ``x_range`` is given in values)."""
+
+    def __init__(self, x_range, y_range, width=520, height=240, left=56, bottom=36, log_x=False):
+        self.log_x = log_x
+        self.x0, self.x1 = (math.log10(v) for v in x_range) if log_x else x_range
         self.y0, self.y1 = y_range
         if self.x1 == self.x0:
             self.x1 = self.x0 + 1
@@ -74,7 +97,23 @@ class _Axes:
         self.right, self.top = 12, 10
 
     def x(self, value: float) -> float:
-        return self.left + (value - self.x0) / (self.x1 - self.x0) * (self.width - self.left - self.right)
+        at = math.log10(value) if self.log_x else value
+        return self.left + (at - self.x0) / (self.x1 - self.x0) * (self.width - self.left - self.right)
+
+    def _x_ticks(self) -> list[tuple[float, str]]:
+        """``(position, label)`` of each x tick."""
+        if self.log_x:
+            return [(self.x(10**t), _fmt(10**t)) for t in _log_ticks(self.x0, self.x1)]
+        return [(self.x(t), _fmt(t)) for t in _ticks(self.x0, self.x1)]
+
+    def band(self, start: float, end: float, title: str) -> str:
+        """A shaded span of x values (a window of training) over the plotting area."""
+        x0, x1 = self.x(start), self.x(end)
+        return (
+            f'<rect x="{x0:.1f}" y="{self.top}" width="{max(x1 - x0, 1):.1f}" '
+            f'height="{self.y(self.y0) - self.top:.1f}" fill="#ff7f0e" fill-opacity="0.18">'
+            f"<title>{esc(title)}</title></rect>"
+        )
 
     def y(self, value: float) -> float:
         return (
@@ -89,8 +128,8 @@ class _Axes:
             _line(self.left, bottom, right, bottom, "#444"),
             _line(self.left, self.top, self.left, bottom, "#444"),
         ]
-        for t in _ticks(self.x0, self.x1):
-            parts.append(_text(self.x(t), bottom + 14, _fmt(t), "middle"))
+        for x, label in self._x_ticks():
+            parts.append(_text(x, bottom + 14, label, "middle"))
         for t in _ticks(self.y0, self.y1):
             parts.append(_text(self.left - 4, self.y(t) + 4, _fmt(t), "end"))
             parts.append(_line(self.left, self.y(t), right, self.y(t), "#eee"))
@@ -111,30 +150,47 @@ def _svg(width: float, height: float, parts: list[str], label: str) -> str:
     )
 
 
+def _marks(axes: _Axes, marks: list[tuple[float, str]]) -> list[str]:
+    """Dashed vertical lines at x values, labelled at their foot."""
+    parts = []
+    for x, text in marks:
+        parts.append(
+            _line(axes.x(x), axes.top, axes.x(x), axes.y(axes.y0), "#555", ' stroke-dasharray="4 3"')
+        )
+        parts.append(_text(axes.x(x) + 3, axes.y(axes.y0) - 4, esc(text), extra=' fill="#333"'))
+    return parts
+
+
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
 
 def line_chart(
-    series: dict[str, list[tuple[float, float]]],
+    series: dict[str, list[tuple[float, float | None]]],
     x_label: str,
     y_label: str,
     marks: list[tuple[float, str]] = (),
     label: str = "line chart",
+    log_x: bool = False,
+    bands: list[tuple[float, float, str]] = (),
 ) -> str:
-    points = [p for values in series.values() for p in values if p[1] is not None]
+    """Lines through ``(x, y)`` points (``None`` skipped; on a log x axis, points at x <= 0 too), the
+    y axis spanning zero; ``marks`` are dashed vertical lines, ``bands`` shaded spans
+    ``(start, end, title)``."""
+    series = {
+        name: [(x, y) for x, y in values if y is not None and (x > 0 or not log_x)]
+        for name, values in series.items()
+    }
+    points = [p for values in series.values() for p in values]
     if not points:
         return ""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    axes = _Axes((min(xs), max(xs)), (min(0.0, min(ys)), max(ys) * 1.05))
-    parts = axes.frame(x_label, y_label)
-    for x, text in marks:
-        parts.append(
-            _line(axes.x(x), axes.top, axes.x(x), axes.y(axes.y0), "#888", ' stroke-dasharray="4 3"')
-        )
-        parts.append(_text(axes.x(x) + 3, axes.y(axes.y0) - 4, esc(text), extra=' fill="#555"'))
+    lo, hi = min(0.0, min(ys)), max(0.0, max(ys))
+    axes = _Axes((min(xs), max(xs)), (lo, hi + 0.05 * (hi - lo)), log_x=log_x)
+    parts = [axes.band(start, end, title) for start, end, title in bands] + axes.frame(x_label, y_label)
+    parts += _marks(axes, marks)
     for i, (name, values) in enumerate(series.items()):
         colour = COLOURS[i % len(COLOURS)]
-        path = " ".join(f"{axes.x(x):.1f},{axes.y(y):.1f}" for x, y in values if y is not None)
+        path = " ".join(f"{axes.x(x):.1f},{axes.y(y):.1f}" for x, y in values)
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" points="{path}"/>')
         parts.append(_text(axes.width + 4, axes.top + 14 + 14 * i, esc(name), extra=f' fill="{colour}"'))
     return _svg(axes.width + 170, axes.height, parts, label)  # the legend right of the plot
@@ -231,3 +287,47 @@ def bars(items: list[tuple[str, float]], x_label: str, label: str = "bar chart")
         parts.append(_text(zero + max(0, value) * scale + 4, i * row + 14, f"{value:+.3f}"))
     parts.append(f'<text x="{left}" y="{row * len(items) + 16}" {FONT}>{esc(x_label)}</text>')
     return _svg(width, row * len(items) + 22, parts, label)
+
+
+def _png(rows: list[list[tuple[int, int, int]]]) -> bytes:
+    """An RGB PNG of pixel rows (top row first), written with the standard library's zlib."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", len(rows[0]), len(rows), 8, 2, 0, 0, 0)  # 8-bit RGB
+    raw = b"".join(b"\x00" + bytes(c for pixel in row for c in pixel) for row in rows)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
+
+
+def training_heatmap(
+    tokens: list[float],
+    columns: list[list[float]],
+    limit: float,
+    x_label: str,
+    y_label: str,
+    marks: list[tuple[float, str]] = (),
+    label: str = "heatmap over training",
+) -> str:
+    """One column of values per evaluation (``columns[i][row]``, row 0 at the bottom) on a log axis of
+    training ``tokens`` (ascending), coloured by :func:`diverging_rgb`. Each pixel column shows the
+    evaluation nearest in log tokens: the picture is a PNG embedded in the SVG, a few kB where one
+    rectangle per cell would be hundreds."""
+    axes = _Axes((tokens[0], tokens[-1]), (0, len(columns[0])), log_x=True, height=300)
+    x = [math.log10(t) for t in tokens]
+    edges = [(a + b) / 2 for a, b in zip(x, x[1:], strict=False)]
+    width, height = round(axes.width - axes.left - axes.right), axes.y(0) - axes.top
+    nearest = [bisect.bisect(edges, axes.x0 + (p + 0.5) / width * (axes.x1 - axes.x0)) for p in range(width)]
+    rows = [[diverging_rgb(columns[c][i], limit) for c in nearest] for i in reversed(range(len(columns[0])))]
+    png = base64.b64encode(_png(rows)).decode()
+    image = (
+        f'<image x="{axes.left}" y="{axes.top}" width="{width}" height="{height:.1f}" '
+        f'preserveAspectRatio="none" style="image-rendering:pixelated" href="data:image/png;base64,{png}"/>'
+    )
+    parts = axes.frame(x_label, y_label) + [image] + _marks(axes, marks)  # the image hides the grid
+    return _svg(axes.width + 20, axes.height, parts, label)  # room for the last tick's label
