@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+import qkov
 from phase_logs import GRID, ONE_LAYER_LINEAR, log_of, logistic, two_layer
 from qkov.circuits.phase_change import (
     MAX_WINDOW_DECADES,
@@ -19,7 +20,10 @@ from qkov.circuits.phase_change import (
     phase_change,
     read_training_log,
 )
+from qkov.cli import main
 from qkov.errors import QkovError
+
+from handbuilt import induction_model
 
 
 def test_the_window_of_a_logistic_rise_is_its_known_width():
@@ -138,6 +142,19 @@ def test_a_log_written_by_another_program_is_judged_the_same_way(tmp_path):
     theirs = read_training_log(tmp_path)
     assert theirs[3].loss_by_position == [1.0, 0.5] and theirs[3].their_metric == "x"
     assert phase_change(theirs, ONE_LAYER_LINEAR) == phase_change(ours, ONE_LAYER_LINEAR)
+
+
+def test_analyze_judges_the_log_in_a_checkpoint_folder(tmp_path, capsys):
+    folder = tmp_path / "ckpt"
+    qkov.save(induction_model(), folder)
+    rows = [{k: v for k, v in vars(row).items() if v is not None} for row in two_layer()]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(["analyze", str(folder), "--out", str(tmp_path / "out"), "--quiet"])
+    change = qkov.load_results(tmp_path / "out" / "results.json").phase_change
+    assert change == phase_change(two_layer())  # through results.json and back
+    assert change.signatures == ["induction_score", "icl_score", "loss_bump"] and change.control is None
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "no 1-layer control in these results (one checkpoint alone)" in html
 
 
 def test_a_log_from_another_program_reads_the_same(tmp_path):
