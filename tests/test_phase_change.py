@@ -92,14 +92,15 @@ def test_icl_outside_the_window_is_not_a_signature():
 
 def test_the_window_ends_are_interpolated_in_log_tokens():
     rows = [(1e3, 0.0), (1e4, 0.0), (1e5, 0.2), (1e6, 1.0), (1e7, 1.0)]
-    change = phase_change(
-        [TrainingPoint(step=i, tokens=int(t), induction_score=s) for i, (t, s) in enumerate(rows)]
-    )
+    rows_log = [TrainingPoint(step=i, tokens=int(t), induction_score=s) for i, (t, s) in enumerate(rows)]
+    change = phase_change(rows_log)
     assert change.window_start_tokens == pytest.approx(10**4.5)  # 0.1 halfway from 0 to 0.2
     assert change.window_end_tokens == pytest.approx(10**5.875)  # 0.9 = 0.2 + 0.875 * 0.8
     assert change.window_decades == pytest.approx(1.375)
     assert change.loss_slope == [] and change.icl_change is None and change.signatures == []
     assert phase_change([]) is None
+    diverged = [TrainingPoint(step=9, tokens=int(1e8), induction_score=float("nan"))]
+    assert phase_change(rows_log + diverged) == change  # a NaN (a diverged run) is no evaluation
     assert phase_change([TrainingPoint(step=1, tokens=10, induction_score=0.3),
                          TrainingPoint(step=2, tokens=20, induction_score=0.1)]) is None  # fmt: skip
 

@@ -27,6 +27,7 @@ format is judged the same way; fields it did not log are ``None`` (an old log ha
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,10 +93,11 @@ def read_training_log(folder: Path) -> list[TrainingPoint]:
 
 # -- a signal along log tokens ---------------------------------------------------------------------
 def signal(log: list[TrainingPoint], field: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, s)``: ``x = log10(tokens)`` of the evaluations that logged ``field`` (rows at zero tokens
-    have no place on a log axis; of rows at the same tokens the last counts), in token order."""
+    """``(x, s)``: ``x = log10(tokens)`` of the evaluations that logged ``field`` as a finite number
+    (rows at zero tokens have no place on a log axis; of rows at the same tokens the last counts), in
+    token order."""
     values = {row.tokens: getattr(row, field) for row in log if row.tokens > 0}
-    kept = sorted((t, v) for t, v in values.items() if v is not None)
+    kept = sorted((t, v) for t, v in values.items() if v is not None and math.isfinite(v))
     return np.log10([t for t, _ in kept]), np.array([v for _, v in kept], dtype=float)
 
 
