@@ -130,7 +130,8 @@ def _scores_figure(log: list[TrainingPoint], band: list) -> str:
 
 
 def _per_token_figure(log: list[TrainingPoint], change: PhaseChange | None) -> str:
-    rows = [row for row in log if row.loss_by_position and row.tokens > 0]
+    rows = sorted((row for row in log if row.loss_by_position and row.tokens > 0), key=lambda row: row.tokens)
+    rows = [row for row in rows if len(row.loss_by_position) == len(rows[-1].loss_by_position)]
     if len(rows) < 2:
         return ""
     columns = [
