@@ -40,8 +40,9 @@ from qkov.train import METRICS_FILE
 # The widest published phase-change window, in decades of training tokens, so that a phase change
 # as wide as a published one still counts: a public reanalysis of Neel Nanda's attention-only
 # checkpoints (about 22B tokens) shades it at about 3e8-1.5e9 tokens, log10(1.5e9 / 3e8) = 0.7
-# decades (the source cited by issue 13); Olsson et al. 2022's small attention-only models show a
-# narrower one (recalled as 2.5B-5B tokens, 0.3 decades; not checked against the stored pages).
+# decades (the source cited by issue 13). Olsson et al. 2022's window is narrower: "between seeing
+# 2.5 and 5 billion tokens in one analyzed model", log10(5 / 2.5) = 0.3 decades (as a secondary
+# write-up of the paper quotes it; the stored copy of the paper's page did not reach that passage).
 MAX_WINDOW_DECADES = 0.7
 # "During this phase change, the majority of in-context learning ability (as measured by difference
 # in loss between tokens early and late in the sequence) is acquired" (Olsson et al. 2022).
