@@ -80,7 +80,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--nproc", type=int, default=1, help="processes on this machine (launches torchrun)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per process and step")
-    p.add_argument("--eval-every", type=int, help="steps between evaluations (a line of metrics.jsonl)")
+    p.add_argument(
+        "--schedule", choices=["cosine", "constant"], help="after warm-up: cosine decay or a constant rate"
+    )
+    p.add_argument("--eval-every", type=int, help="steps between evenly spaced evaluations (metrics.jsonl)")
+    p.add_argument(
+        "--evals-per-decade", type=int, help="log-spaced evaluations per decade of steps (0: none)"
+    )
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
 
@@ -155,7 +161,7 @@ def prepare_run(args: argparse.Namespace, show_progress: bool = True):
 TRAIN_FLAGS = (
     "steps", "batch_size", "lr", "d_model", "n_heads", "d_head", "n_ctx", "vocab_size",
     "positional_embedding", "normalization", "d_mlp", "act_fn", "seed", "embed_lr_mult", "precision",
-    "eval_every", "checkpoint_every",
+    "schedule", "eval_every", "evals_per_decade", "checkpoint_every",
 )  # fmt: skip
 
 
