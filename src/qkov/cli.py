@@ -89,6 +89,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--compile", action="store_true", help="torch.compile the training step (measure first)")
 
 
 def train_command(args: argparse.Namespace) -> None:
@@ -110,7 +111,9 @@ def train_command(args: argparse.Namespace) -> None:
         cfg, train_cfg, data, tokenizer, corpus = prepare_run(args, show_progress=processes.is_main)
         if processes.is_main:
             processes.barrier()
-        trainer = Trainer(cfg, train_cfg, data, args.out, tokenizer, args.device, args.grad_accum)
+        trainer = Trainer(
+            cfg, train_cfg, data, args.out, tokenizer, args.device, args.grad_accum, compile=args.compile
+        )
         say = console.print if processes.is_main else lambda *a: None
         say(
             f"corpus: {len(corpus.files)} file(s), {len(data.train):,} train / {len(data.eval):,} eval "

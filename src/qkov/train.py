@@ -211,6 +211,8 @@ class Trainer:
     slice of every step's global batch, in ``grad_accum`` micro-batches; rank 0 alone evaluates
     and writes. Neither the number of processes nor ``grad_accum`` is part of the run: a run can
     be resumed with other values (the result then differs only by float rounding).
+    ``compile=True`` runs the training step's model through ``torch.compile`` (not part of the run
+    either; benchmarks/gpu_train.py measures whether it pays).
     """
 
     def __init__(
@@ -222,12 +224,14 @@ class Trainer:
         tokenizer: Tokenizer | None = None,
         device: str = "cpu",
         grad_accum: int = 1,
+        compile: bool = False,
     ) -> None:
         self.cfg, self.train_cfg, self.data, self.out = cfg, train_cfg, data, Path(out)
         self.processes = distributed.current()
         self.device = distributed.worker_device(training_device(device), self.processes)
         self.tokenizer = tokenizer
         self.grad_accum = grad_accum
+        self.compile = compile
         parts = self.processes.world_size * grad_accum
         if grad_accum < 1 or train_cfg.batch_size % parts:
             raise QkovError(
@@ -428,6 +432,8 @@ class Trainer:
             loss_module = DistributedDataParallel(
                 loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
+        if self.compile:
+            loss_module = torch.compile(loss_module)
         columns = (
             TextColumn("[bold]step {task.completed}/{task.total}"),
             BarColumn(),
