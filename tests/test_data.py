@@ -9,7 +9,7 @@ import torch
 import qkov
 from qkov.data import tokens as token_module
 from qkov.data.corpus import read_corpus, stdlib_files, stdlib_root
-from qkov.data.random_tokens import repeated_random_tokens
+from qkov.data.random_tokens import loss_per_repeat, repeated_random_tokens
 from qkov.data.tokenizer import END_OF_TEXT, train_tokenizer
 from qkov.data.tokens import cached_tokenizer, cached_tokens, sample_windows, tokenize
 
@@ -110,3 +110,13 @@ def test_repeated_random_tokens_repeat():
     assert tokens.shape == (3, 30)
     assert torch.equal(tokens[:, :10], tokens[:, 10:20]) and torch.equal(tokens[:, :10], tokens[:, 20:])
     assert tokens.min() >= 1 and tokens.max() < 50
+
+
+def test_loss_per_repeat_leaves_out_each_copys_unpredictable_first_token():
+    # period 4, 3 copies: 11 next-token losses; the losses at positions 3 and 7 predict the first
+    # token of copies 2 and 3, which follow a pair never seen before
+    losses = torch.tensor([[1.0, 1.0, 1.0, 99.0, 2.0, 2.0, 2.0, 99.0, 3.0, 3.0, 3.0]])
+    assert loss_per_repeat(losses, 4) == [1.0, 2.0, 3.0]
+    assert loss_per_repeat(torch.stack([losses[0], losses[0] + 1]), 4) == [1.5, 2.5, 3.5]  # batch averaged
+    with pytest.raises(qkov.QkovError, match="period of at least 2"):
+        loss_per_repeat(losses, 1)

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 import qkov
 from qkov.data.corpus import read_corpus
 from qkov.data.tokens import TokenSplits, cached_tokenizer, cached_tokens
-from qkov.train import STATE_FILE, TrainConfig, Trainer
+from qkov.train import STATE_FILE, TrainConfig, Trainer, icl_positions, log_spaced_steps
 
 TINY = [
     "--d-model",
@@ -64,20 +64,59 @@ def test_training_lowers_the_loss_and_logs_metrics(tiny_corpus, tmp_path):
     trainer = tiny_run(tiny_corpus, tmp_path / "run")
     trainer.run(show_progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [20, 40, 60]
-    assert rows[0]["tokens"] == 20 * 8 * 32
+    # 10 log-spaced evaluations per decade from step 10, and every 20 steps
+    assert [r["step"] for r in rows] == [10, 13, 16, 20, 25, 32, 40, 50, 60]
+    assert rows[3]["tokens"] == 20 * 8 * 32
     assert rows[-1]["eval_loss"] < rows[0]["eval_loss"] < 6.0  # log(300) = 5.7 is chance
     assert {"repeat_loss_first", "repeat_loss_second", "induction_score", "previous_token_score"} <= set(
         rows[0]
     )
+    for row in rows:  # the held-out loss at each of the 32 positions; the ICL score from two of them
+        assert len(row["loss_by_position"]) == 32
+        assert row["eval_loss"] == pytest.approx(np.mean(row["loss_by_position"]), abs=1e-4)
+        early, late = icl_positions(32)
+        assert (early, late) == (2, 16)
+        icl = row["loss_by_position"][late] - row["loss_by_position"][early]
+        assert row["icl_score"] == pytest.approx(icl, abs=2e-4)
     model = qkov.load(tmp_path / "run")
     assert model.tokenizer is not None and model.cfg.n_layers == 2
 
 
-def test_one_layer_model_logs_no_repeat_metrics(tiny_corpus, tmp_path):
+def test_metrics_follow_their_definitions(tiny_corpus, tmp_path):
+    """The logged metrics recomputed independently from the trained model: the per-position
+    held-out loss by a plain forward pass, the loss per repeat by slicing that every repeat's first
+    token is left out of."""
+    trainer = tiny_run(tiny_corpus, tmp_path / "run", steps=20)
+    trainer.run(show_progress=False)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    windows = trainer.eval_windows
+    with torch.no_grad():
+        logits = trainer.model(windows[:, :-1])
+        per_position = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), windows[:, 1:], reduction="none"
+        ).mean(0)
+        tokens = trainer.repeat_tokens
+        losses = torch.nn.functional.cross_entropy(
+            trainer.model(tokens)[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none"
+        ).mean(0)
+    np.testing.assert_allclose(row["loss_by_position"], per_position.numpy(), atol=1e-4)
+    period = trainer.repeat_period  # 16: tokens 1..15 of the first copy, 17..31 of the second
+    assert row["repeat_loss_first"] == pytest.approx(float(losses[0:15].mean()), abs=1e-4)
+    assert row["repeat_loss_second"] == pytest.approx(float(losses[16:31].mean()), abs=1e-4)
+    assert period == 16
+
+
+def test_one_layer_model_logs_its_repeat_metrics_too(tiny_corpus, tmp_path):
+    """The 1-layer model is the phase change's control: it logs the same scores."""
     tiny_run(tiny_corpus, tmp_path / "run", n_layers=1, steps=20).run(show_progress=False)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert "repeat_loss_first" not in row
+    assert {"repeat_loss_first", "induction_score", "icl_score", "loss_by_position"} <= set(row)
+
+
+def test_zero_layer_model_logs_no_repeat_metrics(tiny_corpus, tmp_path):
+    tiny_run(tiny_corpus, tmp_path / "run", n_layers=0, steps=20).run(show_progress=False)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "repeat_loss_first" not in row and "icl_score" in row
 
 
 def test_learning_rate_schedule_warms_up_and_decays():
@@ -85,6 +124,24 @@ def test_learning_rate_schedule_warms_up_and_decays():
     assert cfg.lr_at(0) == pytest.approx(0.1) and cfg.lr_at(9) == pytest.approx(1.0)
     assert cfg.lr_at(10) == pytest.approx(1.0) and cfg.lr_at(100) == pytest.approx(0.1)
     assert cfg.lr_at(55) == pytest.approx(0.55)
+
+
+def test_constant_schedule_keeps_the_rate_after_warm_up():
+    cfg = TrainConfig(steps=100, batch_size=1, lr=1.0, warmup_steps=10, schedule="constant")
+    assert cfg.lr_at(4) == pytest.approx(0.5)
+    assert [cfg.lr_at(s) for s in (10, 55, 100)] == [1.0, 1.0, 1.0]
+    with pytest.raises(qkov.QkovError, match="schedule must be one of cosine, constant"):
+        TrainConfig(steps=10, batch_size=1, lr=1.0, schedule="linear")
+
+
+def test_evaluations_are_log_spaced_at_most_a_tenth_of_a_decade_apart():
+    steps = sorted(TrainConfig(steps=24000, batch_size=1, lr=1.0, eval_every=10**6).evaluation_steps())
+    assert steps[0] == 10 and steps[-1] == 24000
+    gaps = np.diff(np.log10(steps))
+    assert gaps.max() < 0.115 and len(steps) == 35  # integer steps: 10 -> 13 is 0.11 decades
+    assert gaps[steps.index(40) :].max() < 0.103  # from step 40 on, 0.1 decades up to rounding
+    assert sorted(log_spaced_steps(100, 5)) == [10, 16, 25, 40, 63, 100]
+    assert log_spaced_steps(100, 0) == set()
 
 
 def test_a_second_run_into_the_same_folder_needs_resume(tiny_corpus, tmp_path):
@@ -165,7 +222,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tiny_corpus, tmp_path):
     assert process.returncode == 130
     assert "Continue with --resume" in stderr
     step = int(load_state_step(out / STATE_FILE))
-    assert step >= 100
+    assert step >= 10  # the first evaluation (at step 10) wrote metrics.jsonl before the interrupt
     assert qkov.load(out).cfg.n_layers == 1
 
 

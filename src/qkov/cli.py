@@ -80,9 +80,16 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--nproc", type=int, default=1, help="processes on this machine (launches torchrun)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per process and step")
-    p.add_argument("--eval-every", type=int, help="steps between evaluations (a line of metrics.jsonl)")
+    p.add_argument(
+        "--schedule", choices=["cosine", "constant"], help="after warm-up: cosine decay or a constant rate"
+    )
+    p.add_argument("--eval-every", type=int, help="steps between evenly spaced evaluations (metrics.jsonl)")
+    p.add_argument(
+        "--evals-per-decade", type=int, help="log-spaced evaluations per decade of steps (0: none)"
+    )
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--compile", action="store_true", help="torch.compile the training step (measure first)")
 
 
 def train_command(args: argparse.Namespace) -> None:
@@ -104,7 +111,9 @@ def train_command(args: argparse.Namespace) -> None:
         cfg, train_cfg, data, tokenizer, corpus = prepare_run(args, show_progress=processes.is_main)
         if processes.is_main:
             processes.barrier()
-        trainer = Trainer(cfg, train_cfg, data, args.out, tokenizer, args.device, args.grad_accum)
+        trainer = Trainer(
+            cfg, train_cfg, data, args.out, tokenizer, args.device, args.grad_accum, compile=args.compile
+        )
         say = console.print if processes.is_main else lambda *a: None
         say(
             f"corpus: {len(corpus.files)} file(s), {len(data.train):,} train / {len(data.eval):,} eval "
@@ -155,7 +164,7 @@ def prepare_run(args: argparse.Namespace, show_progress: bool = True):
 TRAIN_FLAGS = (
     "steps", "batch_size", "lr", "d_model", "n_heads", "d_head", "n_ctx", "vocab_size",
     "positional_embedding", "normalization", "d_mlp", "act_fn", "seed", "embed_lr_mult", "precision",
-    "eval_every", "checkpoint_every",
+    "schedule", "eval_every", "evals_per_decade", "checkpoint_every",
 )  # fmt: skip
 
 

@@ -84,3 +84,12 @@ def unembed_cross_entropy(
     """``F.cross_entropy(resid @ W_U + b_U, targets)`` without the full logits tensor."""
     with_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (resid, W_U, b_U))
     return _UnembedCrossEntropy.apply(resid, W_U, b_U, targets, with_grad)
+
+
+def token_losses(
+    logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos"]:
+    """The cross-entropy at every position, in float32: for next-token losses pass
+    ``logits[:, :-1]`` and ``tokens[:, 1:]``, so ``[b, i]`` is the loss of predicting token
+    ``i + 1`` having seen tokens ``0 ... i``."""
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none")

@@ -1,6 +1,7 @@
 """Training an attention-only transformer on a token array, resumably and reproducibly.
 
-AdamW with linear warm-up then cosine decay and gradient clipping. The batch of step ``s`` depends
+AdamW with linear warm-up, then cosine decay (or a constant rate: ``schedule="constant"``,
+TransformerLens' trainer schedule), and gradient clipping. The batch of step ``s`` depends
 only on ``(seed, s)``, and a checkpoint holds the weights and the optimizer state in one atomically
 written file (``training_state.safetensors``), so a run killed at any moment and resumed with
 ``resume=True`` ends with exactly the weights of an uninterrupted run.
@@ -10,10 +11,22 @@ number of processes; under torchrun (:mod:`qkov.distributed`) each process train
 it, DistributedDataParallel averages the gradients, and rank 0 alone evaluates and writes. With
 the same seed, threads and processes on a CPU the weights are the same bits run after run.
 
-Every ``eval_every`` steps rank 0 appends a line to ``metrics.jsonl``: step, tokens, train loss,
-eval loss, and for models of two or more layers the loss on the first and second repeat of random
-tokens and the strongest induction and previous-token scores, so the induction phase change
-("In-context Learning and Induction Heads") can be watched.
+At each evaluation rank 0 appends a line to ``metrics.jsonl``, so the induction phase change
+("In-context Learning and Induction Heads", Olsson et al. 2022) can be read off it:
+
+- ``step``, ``tokens``, ``train_loss`` (the mean over the steps since the last evaluation) and
+  ``eval_loss`` on held-out windows;
+- ``loss_by_position``: the held-out loss of the prediction made at each position ``i`` (having seen
+  tokens ``0 ... i``), and ``icl_score``, Olsson et al.'s in-context-learning score: the loss at a
+  late position minus the loss at an early one. Theirs is token 500 minus token 50 of a 1024-token
+  context; ours scales both by ``n_ctx / 1024`` (:func:`icl_positions`: 6 and 62 at ``n_ctx`` 128);
+- for models with attention layers, the loss on the first and second repeat of random tokens
+  (:func:`qkov.data.random_tokens.loss_per_repeat`, the definition ``analyze`` uses too) and the
+  strongest induction and previous-token scores.
+
+Evaluations are log-spaced, ``evals_per_decade`` per decade of steps from step
+``FIRST_LOG_EVAL`` on, so a window of training can be placed on the papers' log-token axis to within
+half a spacing; ``eval_every`` adds evenly spaced ones, and the last step is always evaluated.
 """
 
 from __future__ import annotations
@@ -31,7 +44,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
@@ -48,17 +60,40 @@ from qkov.checkpoint import (
 )
 from qkov.circuits.heads import induction_scores, previous_token_scores
 from qkov.config import Config
-from qkov.data.random_tokens import repeated_random_tokens
+from qkov.data.random_tokens import loss_per_repeat, repeated_random_tokens
 from qkov.data.shards import TokenShards
 from qkov.data.tokens import TokenSplits, sample_windows, window_starts, windows_at
 from qkov.errors import QkovError
 from qkov.io import atomic_write, atomic_write_text
+from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer, init_weights
 
 STATE_FILE = "training_state.safetensors"
 METRICS_FILE = "metrics.jsonl"
 TRAIN_CONFIG_FILE = "train_config.json"
 REPEAT_SEQUENCES = 32  # repeated random sequences scored at each evaluation
+FIRST_LOG_EVAL = 10  # the first log-spaced evaluation step: the first few dozen steps are covered
+EVAL_CHUNK = 32  # held-out windows whose logits are alive at once during an evaluation
+SCHEDULES = ("cosine", "constant")
+# Olsson et al.'s in-context-learning score: "the loss of the 500th token in the context minus the
+# average loss of the 50th token", in a 1024-token context.
+ICL_EARLY, ICL_LATE, ICL_CONTEXT = 50, 500, 1024
+
+
+def icl_positions(n_ctx: int) -> tuple[int, int]:
+    """The early and late positions of the in-context-learning score for a context of ``n_ctx``:
+    Olsson et al.'s 50 and 500 of 1024, scaled (``(6, 62)`` at ``n_ctx`` 128)."""
+    return round(ICL_EARLY * n_ctx / ICL_CONTEXT), round(ICL_LATE * n_ctx / ICL_CONTEXT)
+
+
+def log_spaced_steps(last: int, per_decade: int) -> set[int]:
+    """Steps ``round(10 ** (k / per_decade))`` from ``FIRST_LOG_EVAL`` up to ``last``: evaluations
+    at most ``1 / per_decade`` decades apart (none when ``per_decade`` is 0)."""
+    if per_decade == 0:
+        return set()
+    first, stop = (math.floor(per_decade * math.log10(max(n, 1))) for n in (FIRST_LOG_EVAL, last))
+    steps = (round(10 ** (k / per_decade)) for k in range(first, stop + 2))
+    return {s for s in steps if FIRST_LOG_EVAL <= s <= last}
 
 
 @dataclass(frozen=True)
@@ -74,13 +109,20 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     eval_every: int = 100
+    evals_per_decade: int = 10  # log-spaced evaluations (0: only every ``eval_every`` steps)
     eval_tokens: int = 32768  # held-out tokens scored at each evaluation
+    schedule: str = "cosine"  # after warm-up: cosine decay to min_lr_ratio * lr, or "constant"
     checkpoint_every: int = 500
     precision: str = "fp32"  # or "bf16": matmuls in bfloat16 under torch.autocast
     # W_E and W_pos start at unit scale (see qkov.model.init_weights), ~10x the scale of the
     # attention weights; Adam moves every entry by about lr, so they learn slower unless their
     # learning rate is scaled up.
     embed_lr_mult: float = 1.0
+
+    def evaluation_steps(self) -> set[int]:
+        """The steps after which the model is evaluated: log-spaced, every ``eval_every``, the last."""
+        regular = set(range(self.eval_every, self.steps + 1, self.eval_every))
+        return log_spaced_steps(self.steps, self.evals_per_decade) | regular | {self.steps}
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every"):
@@ -90,15 +132,22 @@ class TrainConfig:
             raise QkovError(f"learning rate must be positive, got {self.lr}")
         if self.precision not in ("fp32", "bf16"):
             raise QkovError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.schedule not in SCHEDULES:
+            raise QkovError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.evals_per_decade < 0:
+            raise QkovError(f"evals_per_decade must be 0 or more, got {self.evals_per_decade}")
 
     @property
     def warmup(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 20)
 
     def lr_at(self, step: int) -> float:
-        """Linear warm-up to ``lr``, then cosine decay to ``min_lr_ratio * lr`` at the last step."""
+        """Linear warm-up to ``lr``, then cosine decay to ``min_lr_ratio * lr`` at the last step (or
+        ``lr`` to the end with the constant schedule)."""
         if step < self.warmup:
             return self.lr * (step + 1) / self.warmup
+        if self.schedule == "constant":
+            return self.lr
         progress = (step - self.warmup) / max(1, self.steps - self.warmup)
         cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cosine)
@@ -162,6 +211,8 @@ class Trainer:
     slice of every step's global batch, in ``grad_accum`` micro-batches; rank 0 alone evaluates
     and writes. Neither the number of processes nor ``grad_accum`` is part of the run: a run can
     be resumed with other values (the result then differs only by float rounding).
+    ``compile=True`` runs the training step's model through ``torch.compile`` (not part of the run
+    either; benchmarks/gpu_train.py measures whether it pays).
     """
 
     def __init__(
@@ -173,12 +224,14 @@ class Trainer:
         tokenizer: Tokenizer | None = None,
         device: str = "cpu",
         grad_accum: int = 1,
+        compile: bool = False,
     ) -> None:
         self.cfg, self.train_cfg, self.data, self.out = cfg, train_cfg, data, Path(out)
         self.processes = distributed.current()
         self.device = distributed.worker_device(training_device(device), self.processes)
         self.tokenizer = tokenizer
         self.grad_accum = grad_accum
+        self.compile = compile
         parts = self.processes.world_size * grad_accum
         if grad_accum < 1 or train_cfg.batch_size % parts:
             raise QkovError(
@@ -216,7 +269,7 @@ class Trainer:
             repeated_random_tokens(REPEAT_SEQUENCES, self.repeat_period, 2, cfg.d_vocab, eval_gen).to(
                 self.device
             )
-            if cfg.n_layers >= 2 and self.repeat_period >= 2
+            if cfg.n_layers >= 1 and self.repeat_period >= 2
             else None
         )
 
@@ -279,21 +332,31 @@ class Trainer:
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float | list[float]]:
         self.model.eval()
         with self.autocast:
-            metrics = {"eval_loss": float(self.model.loss(self.eval_windows))}
+            metrics = self.held_out_metrics()
             if self.repeat_tokens is not None:
-                logits, cache = self.model.run_with_cache(self.repeat_tokens)
-                losses = F.cross_entropy(
-                    logits[:, :-1].transpose(1, 2).float(), self.repeat_tokens[:, 1:], reduction="none"
-                ).mean(0)
-                period = self.repeat_period
-                metrics["repeat_loss_first"] = float(losses[: period - 1].mean())
-                metrics["repeat_loss_second"] = float(losses[period - 1 :].mean())
+                tokens, period = self.repeat_tokens, self.repeat_period
+                logits, cache = self.model.run_with_cache(tokens)
+                losses = token_losses(logits[:, :-1], tokens[:, 1:])
+                metrics["repeat_loss_first"], metrics["repeat_loss_second"] = loss_per_repeat(losses, period)
                 metrics["induction_score"] = float(induction_scores(cache, period).max())
                 metrics["previous_token_score"] = float(previous_token_scores(cache).max())
         self.model.train()
+        return metrics
+
+    def held_out_metrics(self) -> dict[str, float | list[float]]:
+        """``eval_loss``, ``loss_by_position`` and ``icl_score`` on the held-out windows."""
+        windows = self.eval_windows.split(EVAL_CHUNK)
+        by_position = torch.cat([token_losses(self.model(w[:, :-1]), w[:, 1:]) for w in windows]).mean(0)
+        metrics: dict[str, float | list[float]] = {
+            "eval_loss": float(by_position.mean()),
+            "loss_by_position": [round(float(x), 4) for x in by_position],
+        }
+        early, late = icl_positions(self.cfg.n_ctx)
+        if late < len(by_position) and early < late:
+            metrics["icl_score"] = float(by_position[late] - by_position[early])
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------
@@ -369,6 +432,8 @@ class Trainer:
             loss_module = DistributedDataParallel(
                 loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
+        if self.compile:
+            loss_module = torch.compile(loss_module)
         columns = (
             TextColumn("[bold]step {task.completed}/{task.total}"),
             BarColumn(),
@@ -377,6 +442,7 @@ class Trainer:
             TimeRemainingColumn(),
         )
         losses: list[float] = []
+        evaluation_steps = cfg.evaluation_steps()
         with (
             Progress(*columns, disable=not (show_progress and main), transient=False) as progress,
             StopRequest() as stop,
@@ -394,7 +460,7 @@ class Trainer:
                 progress.update(
                     task, completed=self.step, loss=f"{np.mean(losses[-20:]):.3f}", tps=f"{tps:,.0f}"
                 )
-                if main and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
+                if main and self.step in evaluation_steps:
                     row = {
                         "step": self.step,
                         "tokens": self.step * tokens_per_step,
@@ -403,7 +469,7 @@ class Trainer:
                     }
                     self.log(row)
                     progress.update(task, eval=f"{row['eval_loss']:.3f}")
-                if self.step % cfg.eval_every == 0:
+                if self.step in evaluation_steps:
                     losses = []
                 if main and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or stopping):
                     self.save_checkpoint()

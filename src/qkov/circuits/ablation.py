@@ -8,12 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
 from qkov.circuits.heads import induction_scores
+from qkov.data.random_tokens import loss_per_repeat
 from qkov.errors import QkovError
+from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, hook_name
 
@@ -32,9 +33,7 @@ class RepeatBehaviour:
 def repeat_behaviour(
     logits: Tensor, cache: dict, tokens: Int[Tensor, "batch pos"], period: int
 ) -> RepeatBehaviour:
-    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none").mean(0)
-    repeats = tokens.shape[1] // period
-    per_repeat = [float(losses[r * period : (r + 1) * period - 1].mean()) for r in range(repeats)]
+    per_repeat = loss_per_repeat(token_losses(logits[:, :-1], tokens[:, 1:]), period)
     return RepeatBehaviour(induction_scores(cache, period).tolist(), per_repeat)
 
 

@@ -7,7 +7,7 @@ third) repeat of a random sequence by finding the earlier occurrence in its cont
 from __future__ import annotations
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from qkov.errors import QkovError
@@ -24,3 +24,20 @@ def repeated_random_tokens(
         raise QkovError("repeated random tokens need a vocabulary of at least 2 tokens")
     block = torch.randint(1, d_vocab, (batch_size, length), generator=generator)
     return block.repeat(1, repeats)
+
+
+def loss_per_repeat(losses: Float[Tensor, "... pos"], period: int) -> list[float]:
+    """The mean next-token loss on each repeat of a sequence that repeats every ``period`` tokens,
+    from the per-position losses (``losses[..., i]``: the loss of predicting token ``i + 1``).
+
+    The one definition used by the trainer's metrics and by ``analyze``: repeat ``r`` is the
+    prediction of tokens ``r * period + 1 ... (r + 1) * period - 1``, every token of copy ``r`` but
+    its first. The first token of a copy follows the last of the previous one, a pair never seen
+    before, so no model can predict it; it belongs to no repeat. Positions past the last whole
+    repeat are ignored; ``...`` (e.g. a batch) is averaged over.
+    """
+    if period < 2:
+        raise QkovError(f"the loss per repeat needs a period of at least 2, got {period}")
+    by_position = losses.reshape(-1, losses.shape[-1]).mean(0)
+    repeats = (len(by_position) + 1) // period
+    return [float(by_position[r * period : (r + 1) * period - 1].mean()) for r in range(repeats)]
