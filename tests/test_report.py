@@ -74,6 +74,7 @@ def test_the_phase_change_figures_show_the_window(reports):
     assert "1-layer control: no window (narrowest half-change window 1.50 decades)" in html
     for label in ("in-context learning score", "loss slope", "head scores during training", "per-token loss"):
         assert f'aria-label="{label}"' in html, label
+    assert html.count("shaded: the phase-change window") == 1 + 3  # ICL; the 2-layer loss, slope, scores
     # the per-token loss: 16 token indices (row 0 at the bottom), before the change flat along the
     # context (white), after it lower late in the context (blue) and higher early (red)
     rows = png_pixels(html, "per-token loss")

@@ -72,9 +72,11 @@ def _window(change: PhaseChange | None) -> list[tuple[float, float, str]]:
     return [(change.window_start_tokens, change.window_end_tokens, title)]
 
 
-WINDOW_NOTE = (
-    "Log axis of training tokens; shaded: the phase-change window (the best induction score's 10%-90% rise)."
-)
+def _note(band: list) -> str:
+    """What the shading means, or that there is none."""
+    if band:
+        return "Log axis of training tokens; shaded: the phase-change window (10%-90% of the induction rise)."
+    return "Log axis of training tokens; no phase-change window (no rise in the best induction score)."
 
 
 def _loss_figure(log: list[TrainingPoint], band: list) -> str:
@@ -83,7 +85,7 @@ def _loss_figure(log: list[TrainingPoint], band: list) -> str:
         "eval loss": [(row.tokens, row.eval_loss) for row in log],
     }
     chart = line_chart(loss, "tokens seen", "loss (nats)", label="training loss", log_x=True, bands=band)
-    return figure(chart, "Training and eval loss. " + WINDOW_NOTE) if chart else ""
+    return figure(chart, "Training and eval loss. " + _note(band)) if chart else ""
 
 
 def _bump_figure(change: PhaseChange | None, band: list) -> str:
@@ -95,7 +97,7 @@ def _bump_figure(change: PhaseChange | None, band: list) -> str:
     return figure(
         chart,
         "The training loss's slope per decade of tokens between evaluations (3-point running mean). It "
-        f"{bump} dip inside the window below its values at both ends. " + WINDOW_NOTE,
+        f"{bump} dip inside the window below its values at both ends. " + _note(band),
         "the phase change is visible as a bump in the training loss.",
     )
 
@@ -124,7 +126,7 @@ def _scores_figure(log: list[TrainingPoint], band: list) -> str:
     return figure(
         charts,
         "The best induction and previous-token scores, and the loss on repeated random tokens, during "
-        "training. " + WINDOW_NOTE,
+        "training. " + _note(band),
         "induction heads form in a sudden phase change, visible as a drop in the loss on repeated tokens.",
     )
 
@@ -147,7 +149,8 @@ def _per_token_figure(log: list[TrainingPoint], change: PhaseChange | None) -> s
     return figure(
         chart,
         "Held-out loss at each token index minus the evaluation's mean loss, over training (red: higher, "
-        f"blue: lower, saturating at ±{limit:.2f} nats); dashed: the phase-change window.",
+        f"blue: lower, saturating at ±{limit:.2f} nats)"
+        + ("; dashed: the phase-change window." if marks else "."),
         "before the phase change, loss stops improving around the 50th token; after it, loss keeps "
         "improving later in the context.",
     )
@@ -204,7 +207,7 @@ def phase_change_section(models: dict[str, Results]) -> str:
     caption = (
         "In-context-learning score during training: held-out loss at a late token index minus at an early "
         "one (the paper's 500th minus 50th of 1024, scaled to the context); lower is more in-context "
-        "learning. " + WINDOW_NOTE
+        "learning. " + _note(band)
     )
     claim = "in-context learning improves abruptly in the phase change, in models of two or more layers only."
     summary = _phase_change_summary(deepest[1], deepest[2]) if deepest else ""
