@@ -28,24 +28,9 @@ import torch
 
 from qkov.data.shards import sampled_tokenizer, sharded_tokens
 from qkov.data.sources import CorpusFiles
+from qkov.machine import matmul_rate, model_flops_per_token
 from qkov.recipes import recipe
 from qkov.train import METRICS_FILE, Trainer
-
-from train_throughput import model_flops_per_token
-
-
-def bf16_matmul_rate(n: int = 8192, reps: int = 10) -> float:
-    """The GPU's bf16 matmul rate (FLOP/s) at a large square size, best of ``reps``."""
-    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        a @ b
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - started)
-    return 2 * n**3 / best
 
 
 def timed_run(trainer: Trainer, tokens: int, resume: bool = False) -> float:
@@ -82,7 +67,7 @@ def main() -> None:
     cfg, train_cfg = r.configs(tokenizer.get_vocab_size())
     prepared = time.perf_counter() - started
     print(f"data: {len(data.train):,} tokens, vocabulary {cfg.d_vocab} ({prepared:.0f} s)")
-    rate = bf16_matmul_rate()
+    rate = matmul_rate(torch.bfloat16, 8192, "cuda", reps=10)
     print(f"{torch.cuda.get_device_name()}: measured bf16 matmul rate {rate / 1e12:.0f} TFLOP/s")
 
     trainer = Trainer(cfg, train_cfg, data, out / "1-gpu", tokenizer, device="cuda")

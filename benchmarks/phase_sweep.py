@@ -11,8 +11,9 @@ default recipe for its depth with the run's overrides. Runs go ``--parallel`` at
     python benchmarks/phase_sweep.py run .sweepdata --out runs --plan phase --device cuda --parallel 12
     python benchmarks/phase_sweep.py table runs                            # onset, width, scores
 
-A run's name is ``{plan entry}-s{seed}``; ``table`` prints, per run, the tokens at which the best
-induction score first passed 10% and 90% of its rise, the width in decades, and the final scores.
+A run's name is ``{plan entry}-s{seed}``; ``table`` judges each 2-layer run by the phase-change rule
+(:mod:`qkov.circuits.phase_change`, with the 1-layer run of its seed as control) and prints the
+window, its width in decades, the signatures inside it and the last evaluation's scores.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from qkov.circuits.phase_change import phase_change, read_training_log
 from qkov.data.corpus import read_corpus
 from qkov.data.tokens import TokenSplits, cached_tokenizer, cached_tokens
 from qkov.recipes import recipe
@@ -47,6 +49,12 @@ PLANS: dict[str, list[tuple[str, int, dict]]] = {
         ("batch4-constant", 2, CONSTANT | {"batch_size": 4, "steps": 32000}),
         ("vocab2048-constant", 2, CONSTANT | {"vocab_size": 2048, "steps": 16000}),
         ("1layer", 1, {}),
+    ],
+    "vocab2048": [
+        ("vocab2048-constant-24k", 2, CONSTANT | {"vocab_size": 2048}),
+        ("vocab2048-constant-lr1e-2", 2, CONSTANT | {"vocab_size": 2048, "lr": 1e-2, "steps": 16000}),
+        ("vocab2048-cosine-14k", 2, {"vocab_size": 2048, "steps": 14000}),
+        ("vocab2048-1layer", 1, {"vocab_size": 2048}),
     ],
     "smoke": [("cosine", 2, {"steps": 60, "eval_every": 30}), ("1layer", 1, {"steps": 30})],
 }
@@ -98,27 +106,37 @@ def launch(args: argparse.Namespace) -> None:
     table(args.out)
 
 
-def crossing(rows: list[dict], fraction: float) -> float | None:
-    """Tokens at which the best induction score first passed ``fraction`` of its rise."""
-    start, final = rows[0]["induction_score"], rows[-1]["induction_score"]
-    level = start + fraction * (final - start)
-    return next((r["tokens"] for r in rows if r["induction_score"] >= level), None)
+def control_for(run: Path) -> Path | None:
+    """The 1-layer run of the same seed (and vocabulary) as a 2-layer run: its phase-change control."""
+    name, seed = run.name.rsplit("-s", 1)
+    vocab = "vocab2048-" if name.startswith("vocab2048") else ""
+    control = run.parent / f"{vocab}1layer-s{seed}"
+    return control if (control / METRICS_FILE).is_file() else None
 
 
 def table(folder: Path) -> None:
-    heads = ("tokens", "10%", "90%", "decades", "induct", "prev", "icl")
+    """Each 2-layer run judged by :func:`qkov.circuits.phase_change.phase_change`, with the 1-layer
+    run of its seed as control; the tokens at which the window opens and closes, its width, the
+    signatures inside it, and the last evaluation's scores."""
+    heads = ("tokens", "window", "", "decades", "ICL in", "induct", "prev", "ICL", "control", "signatures")
     print(f"{'run':28} " + " ".join(f"{h:>8}" for h in heads))
     for run in sorted(p for p in folder.iterdir() if (p / METRICS_FILE).is_file()):
-        rows = [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines() if line.strip()]
-        rows = [r for r in rows if "induction_score" in r]
-        if len(rows) < 2:
+        log = read_training_log(run)
+        control = control_for(run)
+        change = phase_change(log, read_training_log(control) if control else None)
+        if json.loads((run / "config.json").read_text())["n_layers"] < 2 or change is None:
             continue
-        low, high = crossing(rows, 0.1), crossing(rows, 0.9)
-        last = rows[-1]
-        decades = math.log10(high / low) if low and high else float("nan")
-        millions = (f"{x / 1e6:7.2f}M" for x in (last["tokens"], low, high))
-        scores = (decades, last["induction_score"], last["previous_token_score"], last.get("icl_score", 0))
-        print(f"{run.name:28} " + " ".join([*millions, *(f"{x:8.2f}" for x in scores)]))
+        last, c = log[-1], change.control
+        ends = (last.tokens, change.window_start_tokens, change.window_end_tokens)
+        cells = [
+            *(f"{x / 1e6:7.2f}M" for x in ends),
+            f"{change.window_decades:8.2f}",
+            f"{change.icl_change:8.0%}" if change.icl_change is not None else f"{'-':>8}",
+            *(f"{x:8.2f}" for x in (last.induction_score, last.previous_token_score, last.icl_score)),
+            f"{'none' if not c.found else 'found':>5} {c.narrowest_decades or 0:.2f}" if c else f"{'-':>8}",
+            ",".join(change.signatures) + (" HOLDS" if change.holds else ""),
+        ]
+        print(f"{run.name:28} " + " ".join(cells))
 
 
 def main() -> None:

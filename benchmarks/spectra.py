@@ -27,9 +27,9 @@ import torch
 import qkov
 from qkov.circuits.copying import diagonal_statistics, eigenvalue_positivity, random_copying_scores
 from qkov.circuits.qk_ov import shared_full_ov_circuit, shared_full_qk_circuit, stacked_weights
+from qkov.machine import matmul_rate
 
 from peak_memory import measure
-from train_throughput import matmul_rate
 
 MIB = 2**20
 

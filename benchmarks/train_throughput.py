@@ -23,25 +23,7 @@ import time
 import torch
 
 import qkov
-
-
-def model_flops_per_token(cfg: qkov.Config, seq: int) -> float:
-    """Forward matmul FLOPs per token: Q, K, V, O projections, scores and mixing, unembedding."""
-    hd = cfg.n_heads * cfg.d_head
-    per_layer = 2 * 4 * cfg.d_model * hd + 2 * 2 * hd * seq / 2  # causal: half the pairs on average
-    return cfg.n_layers * per_layer + 2 * cfg.d_model * cfg.d_vocab
-
-
-def matmul_rate(dtype: torch.dtype, n: int = 2048) -> float:
-    """The machine's matmul rate (FLOP/s) in ``dtype`` at a square size, best of a few runs."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+from qkov.machine import matmul_rate, model_flops_per_token
 
 
 def timed(fn) -> float:

@@ -10,16 +10,19 @@ never by hand); ``DIR/report.html`` shows them.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
 from qkov.analyze import analyze
-from qkov.circuits.phase_change import read_training_log
+from qkov.circuits.phase_change import phase_change, read_training_log
 from qkov.claims import evaluate_claims
 from qkov.data.corpus import read_corpus
 from qkov.data.tokens import cached_tokenizer, cached_tokens
 from qkov.io import atomic_write_text
+from qkov.machine import matmul_rate, training_seconds
 from qkov.recipes import Recipe, recipe
 from qkov.report import render_report
 from qkov.results import ModelTiming, Reproduction, write_results
@@ -35,6 +38,18 @@ def quick_recipe(n_layers: int) -> Recipe:
         d_model=32, n_heads=2, d_head=16, n_ctx=48, vocab_size=512, steps=150, batch_size=8, eval_every=50,
         checkpoint_every=50,
     )  # fmt: skip
+
+
+def announce_estimate(recipes: list[Recipe], device: str) -> None:
+    """The machine's fp32 matmul rate and the training time it implies (:mod:`qkov.machine`)."""
+    if device != "cpu":
+        return
+    rate = matmul_rate()
+    seconds = sum(training_seconds(r.model, r.train.steps, r.train.batch_size, rate) for r in recipes)
+    console.print(
+        f"machine: fp32 matmul rate {rate / 1e9:.0f} GFLOP/s with {torch.get_num_threads()} thread(s); "
+        f"training estimate {seconds / 60:.0f} min (README: the time depends on this rate)"
+    )
 
 
 def train_depth(
@@ -54,10 +69,11 @@ def reproduce(
     device: str = "cpu",
 ) -> Reproduction:
     started = time.perf_counter()
+    recipes = [quick_recipe(n) if quick else recipe(n) for n in DEPTHS]
+    announce_estimate(recipes, device)
     text = read_corpus(corpus)
     models, timings = {}, {}
-    for n_layers in DEPTHS:
-        r = quick_recipe(n_layers) if quick else recipe(n_layers)
+    for n_layers, r in zip(DEPTHS, recipes, strict=True):
         tokenizer = cached_tokenizer(text, r.vocab_size)
         data = cached_tokens(text, tokenizer)
         folder = out / f"{n_layers}-layer"
@@ -69,6 +85,8 @@ def reproduce(
         log = read_training_log(folder)
         models[f"{n_layers}-layer"] = analyze(model, (data.train, data.eval), log, show_progress, seed)
         timings[f"{n_layers}-layer"] = ModelTiming(round(t1 - t0, 1), round(time.perf_counter() - t1, 1))
+    one, two = models["1-layer"], models["2-layer"]  # the phase change, with the 1-layer control
+    models["2-layer"] = replace(two, phase_change=phase_change(two.training, one.training))
     results = Reproduction(
         models=models,
         claims=evaluate_claims(models),

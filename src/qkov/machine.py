@@ -1,0 +1,52 @@
+"""What a run costs on this machine: its matmul rate, the model FLOPs of training, and from the two an
+estimate of a training run's time, printed by ``qkov reproduce`` before it starts.
+
+Training a small attention-only model is bound by its matrix multiplications, so its time scales
+with the machine's fp32 matmul rate; the measured share of that rate the trainer reaches
+(``TRAINING_UTILISATION``) turns FLOPs into seconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from qkov.config import Config
+
+# The share of the measured fp32 matmul rate (all threads) that training the default recipes
+# reaches, measured on the 2-core machine: the tiny models' matmuls are small, and softmax, the
+# optimizer and Python overhead fill the rest (README, "Choosing the defaults").
+TRAINING_UTILISATION = 0.40
+
+
+def matmul_rate(
+    dtype: torch.dtype = torch.float32, n: int = 2048, device: str = "cpu", reps: int = 5
+) -> float:
+    """The matmul rate (FLOP/s) at an ``n x n`` square size (on the CPU with the current threads),
+    best of ``reps``."""
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        sync()
+        started = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best
+
+
+def model_flops_per_token(cfg: Config, seq: int) -> float:
+    """Forward matmul FLOPs per token: Q, K, V, O projections, scores and mixing, the MLP, the
+    unembedding (training costs three times this: forward, and the two products of the backward)."""
+    hd = cfg.n_heads * cfg.d_head
+    per_layer = 2 * 4 * cfg.d_model * hd + 2 * 2 * hd * seq / 2 + 2 * 2 * cfg.d_model * cfg.d_mlp
+    return cfg.n_layers * per_layer + 2 * cfg.d_model * cfg.d_vocab
+
+
+def training_seconds(cfg: Config, steps: int, batch_size: int, rate: float) -> float:
+    """The estimated time of ``steps`` steps of ``batch_size`` windows at a matmul rate of ``rate``."""
+    tokens = steps * batch_size * cfg.n_ctx
+    return tokens * 3 * model_flops_per_token(cfg, cfg.n_ctx) / (rate * TRAINING_UTILISATION)
