@@ -41,14 +41,14 @@ def quick_recipe(n_layers: int) -> Recipe:
 
 
 def announce_estimate(recipes: list[Recipe], device: str) -> None:
-    """The machine's fp32 matmul rate and the training time it implies (:mod:`qkov.machine`)."""
+    """The machine's fp32 matmul rate and the whole run's time it implies (:mod:`qkov.machine`)."""
     if device != "cpu":
         return
     rate = matmul_rate()
     seconds = sum(training_seconds(r.model, r.train.steps, r.train.batch_size, rate) for r in recipes)
     console.print(
         f"machine: fp32 matmul rate {rate / 1e9:.0f} GFLOP/s with {torch.get_num_threads()} thread(s); "
-        f"training estimate {seconds / 60:.0f} min (README: the time depends on this rate)"
+        f"estimate for the whole run {seconds / 60:.0f} min (README: the time depends on this rate)"
     )
 
 

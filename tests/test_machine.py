@@ -1,0 +1,29 @@
+"""qkov.machine: the model FLOPs of training and the time estimate ``qkov reproduce`` prints."""
+
+from __future__ import annotations
+
+import pytest
+
+import qkov
+from qkov.machine import TRAINING_UTILISATION, matmul_rate, model_flops_per_token, training_seconds
+
+
+def test_model_flops_count_every_matmul_of_a_forward_pass():
+    cfg = qkov.Config(n_layers=2, n_heads=4, d_model=128, d_head=32, d_vocab=2048, n_ctx=128)
+    # per layer: Q, K, V, O (4 x 2 x 128 x 128) and scores + mixing over half the 128 positions
+    # (2 x 2 x 128 x 64); the unembedding 2 x 128 x 2048
+    assert model_flops_per_token(cfg, 128) == 2 * (131072 + 32768) + 524288
+    mlp = qkov.Config(n_layers=1, n_heads=1, d_model=4, d_head=4, d_vocab=10, n_ctx=8, d_mlp=16)
+    assert model_flops_per_token(mlp, 8) == 2 * 4 * 4 * 4 + 2 * 2 * 4 * 4 + 2 * 2 * 4 * 16 + 2 * 4 * 10
+
+
+def test_the_estimate_is_three_forward_passes_at_the_measured_share_of_the_rate():
+    cfg = qkov.Config(n_layers=0, n_heads=1, d_model=8, d_head=8, d_vocab=100, n_ctx=16)
+    seconds = training_seconds(cfg, steps=10, batch_size=2, rate=1e9)
+    assert seconds == pytest.approx(10 * 2 * 16 * 3 * (2 * 8 * 100) / (1e9 * TRAINING_UTILISATION))
+    assert training_seconds(cfg, 10, 2, 2e9) == pytest.approx(seconds / 2)  # twice the rate, half the time
+
+
+def test_the_matmul_rate_is_a_rate():
+    rate = matmul_rate(n=64, reps=2)
+    assert 1e6 < rate < 1e15  # FLOP/s: a small product on any machine
