@@ -18,7 +18,8 @@ from pathlib import Path
 
 
 def timed_run(steps: int, nproc: int, threads: int, out: Path, corpus: str | None) -> float:
-    flags = ["--layers", "2", "--steps", str(steps), "--eval-every", "100000", "--checkpoint-every", "100000"]
+    flags = ["--layers", "2", "--steps", str(steps), "--eval-every", "100000", "--evals-per-decade", "0"]
+    flags += ["--checkpoint-every", "100000"]
     flags += ["--quiet", "--out", str(out), "--nproc", str(nproc), "--threads", str(threads)]
     flags += ["--corpus", corpus] if corpus else []
     started = time.perf_counter()

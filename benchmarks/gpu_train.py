@@ -98,7 +98,8 @@ def main() -> None:
         )
     if args.gpus == 2:
         flags = ["--preset", "paper", "--steps", str(steps), "--batch-size", str(args.batch_size)]
-        flags += ["--eval-every", str(steps), "--checkpoint-every", str(steps), "--quiet"]
+        flags += ["--eval-every", str(steps), "--evals-per-decade", "0"]
+        flags += ["--checkpoint-every", str(steps), "--quiet"]
         started = time.perf_counter()
         command = [sys.executable, "-m", "qkov", "train", "--layers", "2", "--device", "cuda", "--nproc", "2"]
         subprocess.run([*command, *flags, "--out", str(out / "2-gpu")], check=True)
