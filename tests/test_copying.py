@@ -174,7 +174,7 @@ def test_the_row_budget_is_exact_for_small_models_and_samples_a_50k_vocabulary()
     gpt2 = qkov.Config(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024)
     assert copying.sample_rows_for(small) is None
     rows = copying.sample_rows_for(gpt2)
-    assert 1000 < rows < 50257 and rows * 144 * 2 * 50257 * 64 <= copying.EXACT_FLOP_BUDGET["cpu"]
+    assert 200 < rows < 50257 and rows * 144 * 2 * 50257 * 64 <= copying.EXACT_FLOP_BUDGET["cpu"]
     assert copying.sample_rows_for(gpt2, "cuda") is None
 
 

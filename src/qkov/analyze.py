@@ -92,7 +92,7 @@ REPEATED_CACHE_BYTES = 3 * 2**30
 # on a repeated-token batch cut to this many FLOP (circuits/budget.py), about ... s of this 2-core
 # machine at GPT-2 small's shapes (1 sequence of ... tokens for the ablations); the default models'
 # ablations and term importance take under 0.1 TFLOP and are not cut.
-RERUN_FLOP_BUDGET = 2e12
+RERUN_FLOP_BUDGET = 1e12
 SKIP_TRIGRAMS_PER_HEAD = 50
 MIN_TOKEN_COUNT = 20  # with a corpus, skip-trigrams use only tokens seen this often (rare rows are noise)
 PATTERN_EXAMPLE_LENGTH = 48  # tokens in the attention-pattern examples kept for the report
