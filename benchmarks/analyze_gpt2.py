@@ -9,7 +9,9 @@ a Hugging Face folder and imported with ``qkov import``; then
 3. with ``--transformer-lens``: the same work in TransformerLens where it has it, on the same
    inputs: the head scores' cached run, one ablation as a full rerun with a hook (TransformerLens
    has no rerun from a layer; x the number of ablations), and the full OV eigenvalues of one layer
-   (x the number of layers). Estimates from a measured part say so.
+   (x the number of layers), building the circuit included. Estimates from a measured part say
+   so. TransformerLens' spectra and composition scores at these shapes are measured in
+   ``spectra.py`` and ``composition.py`` (10 and 8.5 GiB at peak; their figures are in the README).
 
     flock /tmp/qkov-heavy.lock python benchmarks/analyze_gpt2.py --transformer-lens
 """
@@ -125,8 +127,7 @@ def transformer_lens(ctx: A.Context, hf_folder: Path, hf_config) -> None:
             f"  {'ablation: 1 full rerun ' + str(tuple(tokens.shape)):40s} {s:8.2f} s {m / 2**20:8.0f} MiB"
             f"   x{runs} = {s * runs:.0f} s (estimate)"
         )
-        ov = hooked.W_E @ hooked.OV[0] @ hooked.W_U
-        _, s, m = measure(lambda: ov.eigenvalues)
+        _, s, m = measure(lambda: (hooked.W_E @ hooked.OV[0] @ hooked.W_U).eigenvalues)
         print(
             f"  {'copying: full-OV eigenvalues, layer 0':40s} {s:8.2f} s {m / 2**20:8.0f} MiB"
             f"   x{cfg.n_layers} = {s * cfg.n_layers:.0f} s (estimate)"

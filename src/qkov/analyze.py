@@ -85,13 +85,15 @@ REPEATS = 3  # repeated random tokens: each sequence is a random period repeated
 REPEAT_BATCH = 32
 # The head scores' run keeps every pattern, head write and logit of its batch (run_with_cache), so
 # its sequences are cut to fit this (circuits/budget.py): at GPT-2 small's shapes and n_ctx 1024 one
-# sequence of 1023 tokens caches about 1.4 GB, so 2 of the 32 (the whole run then peaked at ... GB,
-# benchmarks/analyze_gpt2.py); the default models' 32 x 126 tokens take about 0.1 GB and are not cut.
+# sequence of 1023 tokens caches about 1.7 GB, so 1 of the 32 (the step took 2.0 GB above the model
+# and the whole `qkov analyze` peaked at 3.0 GB, benchmarks/analyze_gpt2.py); the default models'
+# 32 x 126 tokens take about 0.1 GB and are not cut.
 REPEATED_CACHE_BYTES = 3 * 2**30
 # Ablations and term importance rerun the model (or its unembedding) many times per token: each runs
-# on a repeated-token batch cut to this many FLOP (circuits/budget.py), about ... s of this 2-core
-# machine at GPT-2 small's shapes (1 sequence of ... tokens for the ablations); the default models'
-# ablations and term importance take under 0.1 TFLOP and are not cut.
+# on a repeated-token batch cut to this many FLOP (circuits/budget.py). At GPT-2 small's shapes that
+# is 1 sequence of 21 tokens (period 7) for the 264 ablations and of 72 (period 24) for term
+# importance, 9 and 11 s on this 2-core machine (benchmarks/analyze_gpt2.py), which keeps the whole
+# analysis near one minute; the default models need under 0.1 TFLOP and are not cut.
 RERUN_FLOP_BUDGET = 1e12
 SKIP_TRIGRAMS_PER_HEAD = 50
 MIN_TOKEN_COUNT = 20  # with a corpus, skip-trigrams use only tokens seen this often (rare rows are noise)
