@@ -38,8 +38,8 @@ from qkov.circuits.composition import (
     composition_baseline,
     k_composition_positivity,
 )
+from qkov.circuits.copying import copying_analysis, random_copying_scores
 from qkov.circuits.heads import (
-    copying_analysis,
     duplicate_token_scores,
     induction_scores,
     previous_token_scores,
@@ -48,7 +48,6 @@ from qkov.circuits.paths import term_importance
 from qkov.circuits.qk_ov import full_ov_circuit, qk_term_rms
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.interop import import_checkpoint
-from qkov.linalg import random_copying_scores
 
 from peak_memory import measure
 

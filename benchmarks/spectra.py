@@ -25,7 +25,7 @@ import warnings
 import torch
 
 import qkov
-from qkov.circuits.copying import diagonal_statistics, eigenvalue_positivity, random_copying_scores
+from qkov.circuits.copying import diagonal_and_ranks, eigenvalue_positivity, random_copying_scores
 from qkov.circuits.qk_ov import shared_full_ov_circuit, shared_full_qk_circuit, stacked_weights
 from qkov.machine import matmul_rate
 
@@ -138,7 +138,7 @@ def spectra(model: qkov.AttnOnlyTransformer, circuit: str, tl_layers: int) -> No
 def diagonal(model: qkov.AttnOnlyTransformer) -> None:
     cfg = model.cfg
     ov = shared_full_ov_circuit(model)
-    (mean, z), t, m, rate = rated(lambda: diagonal_statistics(ov, torch.device("cpu")))
+    (mean, z, _), t, m, rate = rated(lambda: diagonal_and_ranks(ov, torch.arange(0), torch.device("cpu")))
     heads_width = cfg.n_layers * cfg.n_heads * cfg.d_head
     floor = 2 * 2 * cfg.d_vocab * cfg.d_model * heads_width  # W_E W_V and W_O W_U, every head
     print(f"\n## Diagonal and z-scores of all {cfg.n_layers * cfg.n_heads} full OV circuits")

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 import qkov
-from qkov.circuits.ablation import ablation_effects, run_ablated
+from qkov.circuits import ablation, budget
+from qkov.circuits.ablation import ablation_effects, repeat_behaviour, run_ablated
 from qkov.data.random_tokens import repeated_random_tokens
 
+from conftest import float64_model
 from handbuilt import induction_model
 
 
@@ -42,3 +44,55 @@ def test_mean_ablation_writes_the_mean():
     torch.testing.assert_close(ablated["blocks.0.attn.hook_result"][:, :, 0], mean.expand(4, 12, -1))
     with pytest.raises(qkov.QkovError, match="'zero' or 'mean'"):
         run_ablated(model, tokens, 0, 0, "resample")
+
+
+@torch.no_grad()
+def full_rerun_effects(model, tokens, period):
+    """The definition, one full rerun per ablation (``run_ablated``): what ``ablation_effects``,
+    which starts each run at the ablated layer and stacks them, must equal."""
+    clean = repeat_behaviour(*model.run_with_cache(tokens), tokens, period)
+    out = {}
+    for layer in range(model.cfg.n_layers - 1):
+        for head in range(model.cfg.n_heads):
+            for mode in ("zero", "mean"):
+                ablated = repeat_behaviour(*run_ablated(model, tokens, layer, head, mode), tokens, period)
+                out[(f"L{layer}H{head}", mode)] = (
+                    [
+                        ablated.induction[later][h] - clean.induction[later][h]
+                        for later in range(layer + 1, model.cfg.n_layers)
+                        for h in range(model.cfg.n_heads)
+                    ],
+                    ablated.loss_per_repeat,
+                )
+    return out
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(n_layers=3),
+        dict(n_layers=3, normalization="LN", d_mlp=12, biases=True, positional_embedding="standard"),
+        dict(n_layers=2, normalization="LNPre", d_mlp=8, act_fn="relu"),
+    ],
+)
+@pytest.mark.parametrize("forward_tokens", [1, 4096])  # one ablation per forward, or all of a layer's
+def test_ablations_equal_full_reruns_in_float64(kw, forward_tokens, monkeypatch):
+    monkeypatch.setattr(ablation, "FORWARD_TOKENS", forward_tokens)
+    model = float64_model(**kw, n_ctx=12)
+    tokens = repeated_random_tokens(3, 4, 3, model.cfg.d_vocab, torch.Generator().manual_seed(2))
+    expected = full_rerun_effects(model, tokens, 4)
+    effects = ablation_effects(model, tokens, 4)
+    assert [(e.head, e.mode) for e in effects] == list(expected)
+    for e in effects:
+        induction, losses = expected[(e.head, e.mode)]
+        assert list(e.induction_change.values()) == pytest.approx(induction, abs=1e-12)
+        assert e.loss_per_repeat == pytest.approx(losses, rel=1e-12)
+    assert any(abs(x) > 1e-3 for e in effects for x in e.induction_change.values())  # not all trivially 0
+
+
+def test_the_ablation_cost_counts_every_rerun():
+    cfg = qkov.Config(n_layers=3, n_heads=2, d_model=16, d_head=4, d_vocab=50, n_ctx=12, d_mlp=8)
+    layer, logits = budget.layer_flop(cfg, 9), budget.unembed_flop(cfg)
+    clean = 3 * layer + logits
+    reruns = 2 * 2 * ((3 + 2) * layer + 2 * logits)  # modes x heads x (layers 0 and 1 on, with logits)
+    assert ablation.ablation_flop(cfg, 9) == clean + reruns

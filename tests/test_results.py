@@ -26,7 +26,10 @@ def old_layout(new: dict) -> dict:
     ]
     old = {k: new[k] for k in ("config", "tokens")} | {"heads": heads}
     old["training"] = [{k: v for k, v in row.items() if k not in ADDED_TRAINING} for row in new["training"]]
-    old |= {k: new[k] for k in ("bigram", "qk_position_content", "term_importance", "ablation") if new[k]}
+    old |= {k: new[k] for k in ("bigram", "qk_position_content", "term_importance") if new[k]}
+    if new["ablation"]:  # each ablation's batch (the reference's: the repeated batch) was added since
+        batch = ("sequences", "period")
+        old["ablation"] = [{k: v for k, v in e.items() if k not in batch} for e in new["ablation"]]
     if new["copying"]:
         c = new["copying"]
         old["copying"] = {k: c[k] for k in ("baseline_mean", "threshold", "baseline", "copying_heads")}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -26,8 +26,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tokenizers import Tokenizer
 
 from qkov.checkpoint import load
-from qkov.circuits.ablation import ablation_effects, repeat_behaviour
+from qkov.circuits.ablation import ablation_effects, ablation_flop, repeat_behaviour
 from qkov.circuits.bigrams import BigramCounts, compare_bigrams
+from qkov.circuits.budget import batch_shape, cache_bytes
 from qkov.circuits.composition import (
     KINDS,
     all_raw_composition_scores,
@@ -41,7 +42,7 @@ from qkov.circuits.heads import (
     duplicate_token_scores,
     previous_token_scores,
 )
-from qkov.circuits.paths import term_importance
+from qkov.circuits.paths import term_importance, term_importance_flop
 from qkov.circuits.phase_change import TrainingPoint, phase_change, read_training_log
 from qkov.circuits.qk_ov import qk_term_rms
 from qkov.circuits.skip_trigrams import (
@@ -82,6 +83,18 @@ from qkov.results import (
 
 REPEATS = 3  # repeated random tokens: each sequence is a random period repeated this often
 REPEAT_BATCH = 32
+# The head scores' run keeps every pattern, head write and logit of its batch (run_with_cache), so
+# its sequences are cut to fit this (circuits/budget.py): at GPT-2 small's shapes and n_ctx 1024 one
+# sequence of 1023 tokens caches about 1.7 GB, so 1 of the 32 (the step took 2.0 GB above the model
+# and the whole `qkov analyze` peaked at 3.0 GB, benchmarks/analyze_gpt2.py); the default models'
+# 32 x 126 tokens take about 0.1 GB and are not cut.
+REPEATED_CACHE_BYTES = 3 * 2**30
+# Ablations and term importance rerun the model (or its unembedding) many times per token: each runs
+# on a repeated-token batch cut to this many FLOP (circuits/budget.py). At GPT-2 small's shapes that
+# is 1 sequence of 21 tokens (period 7) for the 264 ablations and of 72 (period 24) for term
+# importance, 9 and 11 s on this 2-core machine (benchmarks/analyze_gpt2.py), which keeps the whole
+# analysis near one minute; the default models need under 0.1 TFLOP and are not cut.
+RERUN_FLOP_BUDGET = 1e12
 SKIP_TRIGRAMS_PER_HEAD = 50
 MIN_TOKEN_COUNT = 20  # with a corpus, skip-trigrams use only tokens seen this often (rare rows are noise)
 PATTERN_EXAMPLE_LENGTH = 48  # tokens in the attention-pattern examples kept for the report
@@ -97,9 +110,11 @@ def token_strings(tokenizer: Tokenizer | None, d_vocab: int) -> list[str]:
 @dataclass
 class Context:
     """What every step reads. The random inputs are drawn once, in a fixed order, from ``seed``:
-    ``repeated`` (``REPEAT_BATCH`` sequences of a period repeated ``REPEATS`` times), ``example`` (one
-    such sequence of at most ``PATTERN_EXAMPLE_LENGTH`` tokens) and, with a corpus, ``snippet`` (one
-    eval window) and ``text`` (``REPEAT_BATCH`` eval windows)."""
+    ``repeated`` (``REPEAT_BATCH`` sequences of a period repeated ``REPEATS`` times, the first of them
+    that fit ``REPEATED_CACHE_BYTES``), ``example`` (one such sequence of at most
+    ``PATTERN_EXAMPLE_LENGTH`` tokens) and, with a corpus, ``snippet`` (one eval window) and ``text``
+    (``REPEAT_BATCH`` eval windows). Steps that rerun the model many times take a part of these
+    within ``RERUN_FLOP_BUDGET`` (:meth:`rerun_batch`, :meth:`rerun_text`)."""
 
     model: AttnOnlyTransformer
     corpus: tuple[np.ndarray, np.ndarray] | None  # train and eval token arrays
@@ -113,17 +128,32 @@ class Context:
         self.example_period = min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx) // REPEATS
         if cfg.n_layers == 0:
             return
-        self.repeated = repeated_random_tokens(REPEAT_BATCH, self.period, REPEATS, cfg.d_vocab, generator)
+        full, cache = (REPEAT_BATCH, self.period), partial(cache_bytes, cfg)
+        sequences, self.period = batch_shape(full, REPEATS, cache, REPEATED_CACHE_BYTES)
+        drawn = repeated_random_tokens(REPEAT_BATCH, self.period, REPEATS, cfg.d_vocab, generator)
+        self.repeated = drawn[:sequences]
         self.example = repeated_random_tokens(1, self.example_period, REPEATS, cfg.d_vocab, generator)[0]
         if self.corpus is not None:
             length = min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx)
             self.snippet = sample_windows(self.corpus[1], 1, length, generator)[0]
             self.text = sample_windows(self.corpus[1], REPEAT_BATCH, cfg.n_ctx, generator)
 
-    @cached_property
-    def repeated_run(self) -> tuple[torch.Tensor, dict]:
-        """The clean run on ``repeated``: ``(logits, cache)``, shared by the steps that need it."""
-        return self.model.run_with_cache(self.repeated)
+    def rerun_batch(self, cost: Callable[[int], float]) -> tuple[torch.Tensor, int]:
+        """``(tokens, period)`` for a step that costs ``cost(length)`` FLOP per token: ``repeated``
+        when it fits ``RERUN_FLOP_BUDGET``, else its first sequences that fit, else (when not
+        even one does) sequences of a shorter period drawn from ``seed + 1``."""
+        cfg = self.model.cfg
+        sequences, period = batch_shape((len(self.repeated), self.period), REPEATS, cost, RERUN_FLOP_BUDGET)
+        if period == self.period:
+            return self.repeated[:sequences], period
+        generator = torch.Generator().manual_seed(self.seed + 1)
+        return repeated_random_tokens(sequences, period, REPEATS, cfg.d_vocab, generator), period
+
+    def rerun_text(self, cost: Callable[[int], float]) -> torch.Tensor:
+        """The first of the ``text`` windows, and their first positions, that fit
+        ``RERUN_FLOP_BUDGET`` for a step costing ``cost(length)`` FLOP per token."""
+        sequences, length = batch_shape(tuple(self.text.shape), 1, cost, RERUN_FLOP_BUDGET)
+        return self.text[:sequences, :length]
 
     @cached_property
     def counts(self) -> BigramCounts:
@@ -200,7 +230,7 @@ def copying_step(ctx: Context) -> Copying:
 
 
 def repeated_tokens_step(ctx: Context) -> RepeatedTokens:
-    logits, cache = ctx.repeated_run
+    logits, cache = ctx.model.run_with_cache(ctx.repeated)
     behaviour = repeat_behaviour(logits, cache, ctx.repeated, ctx.period)
     previous, duplicate = previous_token_scores(cache), duplicate_token_scores(cache, ctx.period)
     heads = [
@@ -258,9 +288,17 @@ def position_content_step(ctx: Context) -> dict[str, dict[str, float]] | None:
 
 
 def term_importance_step(ctx: Context) -> TermImportanceResult:
-    tokens = ctx.text if ctx.corpus is not None else ctx.repeated
+    cost = partial(term_importance_flop, ctx.model.cfg)
+    if ctx.corpus is not None:
+        tokens, described, full = ctx.rerun_text(cost), "corpus (eval split)", ctx.text.shape
+    else:
+        (tokens, period), described = ctx.rerun_batch(cost), "repeated random tokens"
+        full = (len(ctx.repeated), REPEATS * ctx.period)
+        if period != ctx.period:
+            described += f" of period {period}"
+    if tokens.shape != full:  # cut to the budget: say how far
+        described += f" ({tokens.shape[0]} x {tokens.shape[1]} tokens)"
     importance = term_importance(ctx.model, tokens)
-    described = "corpus (eval split)" if ctx.corpus is not None else "repeated random tokens"
     return TermImportanceResult(**importance.__dict__, tokens=described)
 
 
@@ -346,7 +384,8 @@ def induction_check_step(ctx: Context) -> list[InductionCheck]:
 
 
 def ablation_step(ctx: Context):
-    return ablation_effects(ctx.model, ctx.repeated, ctx.period, clean_run=ctx.repeated_run)
+    tokens, period = ctx.rerun_batch(partial(ablation_flop, ctx.model.cfg))
+    return ablation_effects(ctx.model, tokens, period)
 
 
 STEPS: tuple[Step, ...] = (

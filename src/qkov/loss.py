@@ -90,7 +90,8 @@ def unembed_cross_entropy(
 def token_losses(
     logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"]
 ) -> Float[Tensor, "batch pos"]:
-    """The cross-entropy at every position, in float32: for next-token losses pass
-    ``logits[:, :-1]`` and ``tokens[:, 1:]``, so ``[b, i]`` is the loss of predicting token
-    ``i + 1`` having seen tokens ``0 ... i``."""
-    return torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none")
+    """The cross-entropy at every position, in float32 or wider (bfloat16 logits are upcast, float64
+    ones kept): for next-token losses pass ``logits[:, :-1]`` and ``tokens[:, 1:]``, so ``[b, i]`` is
+    the loss of predicting token ``i + 1`` having seen tokens ``0 ... i``."""
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.nn.functional.cross_entropy(wide.transpose(1, 2), targets, reduction="none")

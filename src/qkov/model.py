@@ -324,6 +324,7 @@ class Transformer(nn.Module):
         tokens: Int[Tensor, "batch pos"],
         patterns: Sequence[Float[Tensor, "batch n_heads dest src"]] | None = None,
         edit_writes: Callable[[int, Tensor], Tensor] | None = None,
+        start: tuple[int, Float[Tensor, "runs pos d_model"]] | None = None,
     ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]:
         """Logits and every activation, under TransformerLens' hook names.
 
@@ -344,15 +345,26 @@ class Transformer(nn.Module):
         ``edit_writes(layer, writes)``, when given, replaces each layer's head writes
         ``[batch, pos, n_heads, d_model]`` before they join the stream (ablations); the cache holds
         the edited writes.
+
+        ``start=(layer, resid)`` resumes a run at ``layer`` from ``resid``, the residual stream entering
+        it in an earlier run on ``tokens`` (its ``hook_resid_pre``), or several such streams stacked
+        along the batch (``[runs * batch, pos, d_model]``, e.g. one per ablation): the layers before it
+        are not run and not in the cache, and logits and cache have ``resid``'s batch.
         """
         tokens = self.check_tokens(tokens)
         if patterns is not None and len(patterns) != self.cfg.n_layers:
             raise QkovError(f"expected {self.cfg.n_layers} frozen patterns, got {len(patterns)}")
         resid, qk_positions = self.embed(tokens)
-        cache: ActivationCache = {"hook_embed": self.W_E[tokens]}
+        first, cache = 0, {}
+        if start is not None:
+            first, resid = start
+        else:
+            cache["hook_embed"] = self.W_E[tokens]
         if self.W_pos is not None:
             cache["hook_pos_embed"] = self.W_pos[: tokens.shape[1]]
         for layer, block in enumerate(self.blocks):
+            if layer < first:
+                continue
             cache[hook_name(layer, "resid_pre")] = resid
             frozen = None if patterns is None else patterns[layer]
             attn_in = self._norm(block.ln1, resid, cache, norm_name(layer, "ln1"))

@@ -11,7 +11,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from qkov.circuits.heads import induction_scores
+from qkov.circuits.budget import forward_flop, layer_flop, unembed_flop
+from qkov.circuits.heads import induction_scores, pattern_offset_attention
+from qkov.config import Config
 from qkov.data.random_tokens import loss_per_repeat
 from qkov.errors import QkovError
 from qkov.loss import token_losses
@@ -69,13 +71,31 @@ def run_ablated(
 @dataclass(frozen=True)
 class AblationEffect:
     """One earlier head replaced by zero or by its mean (``mode``): the change in each later head's
-    induction score and in the loss on each repeat, against the clean run."""
+    induction score and in the loss on each repeat, against the clean run, on ``sequences``
+    sequences of random tokens repeating every ``period`` positions."""
 
     head: str
     mode: str
     induction_change: dict[str, float]
     loss_per_repeat: list[float]
     loss_change: list[float]
+    sequences: int
+    period: int
+
+
+# Ablations that start at the same layer run stacked along the batch, up to this many tokens per
+# forward: at GPT-2 small's shapes a forward of ~100 tokens ran its matrix products at a third of the
+# rate of one of ~2000 (26 against 80 GFLOP/s, 2 threads, benchmarks/analyze_gpt2.py); the default
+# models' batch (32 x 126 tokens) is already that large and runs one ablation at a time.
+FORWARD_TOKENS = 4096
+
+
+def ablation_flop(cfg: Config, length: int) -> float:
+    """FLOP per token of :func:`ablation_effects` on sequences of ``length``: the clean run, and per
+    mode and head of every layer but the last, a run from the head's layer on, logits included."""
+    layers_run = sum(cfg.n_layers - layer for layer in range(cfg.n_layers - 1))
+    reruns = layers_run * layer_flop(cfg, length) + (cfg.n_layers - 1) * unembed_flop(cfg)
+    return forward_flop(cfg, length) + len(MODES) * cfg.n_heads * reruns
 
 
 @torch.no_grad()
@@ -87,16 +107,23 @@ def ablation_effects(
 ) -> list[AblationEffect]:
     """For every head of every layer but the last, zero- and mean-ablated: the change in each later
     head's induction score and in the loss on each repeat, against the clean run (``clean_run``,
-    the unablated ``(logits, cache)`` on ``tokens``, computed when not given)."""
+    the unablated ``(logits, cache)`` on ``tokens``, computed when not given).
+
+    Each ablated run equals :func:`run_ablated`'s full rerun, but starts at the ablated head's layer
+    from the clean run's residual stream there (the layers before it see nothing of the ablation),
+    with the ablations of one layer stacked along the batch (``FORWARD_TOKENS`` at a time)."""
     tokens = model.check_tokens(tokens)
     logits, cache = clean_run if clean_run is not None else model.run_with_cache(tokens)
     clean = repeat_behaviour(logits, cache, tokens, period)
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    per_forward = max(1, FORWARD_TOKENS // tokens.numel())
     effects = []
-    for layer in range(model.cfg.n_layers - 1):
-        for head in range(model.cfg.n_heads):
-            for mode in MODES:
-                run = run_ablated(model, tokens, layer, head, mode, clean_cache=cache)
-                ablated = repeat_behaviour(*run, tokens, period)
+    for layer in range(n_layers - 1):
+        ablations = [(head, mode) for head in range(n_heads) for mode in MODES]
+        for first in range(0, len(ablations), per_forward):
+            group = ablations[first : first + per_forward]
+            runs = _ablated_from(model, tokens, period, layer, group, cache)
+            for (head, mode), ablated in zip(group, runs, strict=True):
                 changes = zip(ablated.loss_per_repeat, clean.loss_per_repeat, strict=True)
                 effects.append(
                     AblationEffect(
@@ -104,11 +131,50 @@ def ablation_effects(
                         mode=mode,
                         induction_change={
                             head_name(later, h): ablated.induction[later][h] - clean.induction[later][h]
-                            for later in range(layer + 1, model.cfg.n_layers)
-                            for h in range(model.cfg.n_heads)
+                            for later in range(layer + 1, n_layers)
+                            for h in range(n_heads)
                         },
                         loss_per_repeat=ablated.loss_per_repeat,
                         loss_change=[a - c for a, c in changes],
+                        sequences=tokens.shape[0],
+                        period=period,
                     )
                 )
     return effects
+
+
+def _ablated_from(
+    model: AttnOnlyTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    period: int,
+    layer: int,
+    group: list[tuple[int, str]],
+    clean: dict,
+) -> list[RepeatBehaviour]:
+    """The runs with each ``(head, mode)`` of ``layer`` ablated, stacked along the batch and started
+    at ``layer`` from the clean residual stream; ``induction`` holds the layers from ``layer`` on
+    (earlier layers' entries are NaN: the ablation cannot reach them)."""
+    batch, n = tokens.shape[0], len(group)
+    writes = clean[hook_name(layer, "result")]
+    replacements = [0.0 if mode == "zero" else writes[:, :, head].mean((0, 1)) for head, mode in group]
+
+    def edit(at_layer: int, out: Tensor) -> Tensor:
+        if at_layer != layer:
+            return out
+        out = out.clone()
+        for run, ((head, _), value) in enumerate(zip(group, replacements, strict=True)):
+            out[run * batch : (run + 1) * batch, :, head] = value
+        return out
+
+    resid = clean[hook_name(layer, "resid_pre")].repeat(n, 1, 1)
+    logits, cache = model.run_with_cache(tokens, edit_writes=edit, start=(layer, resid))
+    targets = tokens[:, 1:].repeat(n, 1)
+    losses = token_losses(logits[:, :-1], targets).unflatten(0, (n, batch))  # [runs, batch, pos - 1]
+    induction = torch.full((n, model.cfg.n_layers, model.cfg.n_heads), torch.nan, dtype=logits.dtype)
+    for later in range(layer, model.cfg.n_layers):
+        pattern = cache[hook_name(later, "pattern")].unflatten(0, (n, batch))
+        induction[:, later] = pattern_offset_attention(pattern, period - 1, period)
+    return [
+        RepeatBehaviour(induction[run].tolist(), loss_per_repeat(losses[run], period))
+        for run in range(n)
+    ]

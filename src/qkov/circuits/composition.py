@@ -19,11 +19,12 @@ pair, so all pairs of a 144-head model take one matrix product per later layer.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import torch
 from einops import rearrange
-from jaxtyping import Float
+from jaxtyping import Complex, Float
 from torch import Tensor
 
 from qkov.circuits.copying import eigenvalue_positivity
@@ -186,11 +187,31 @@ def k_composition_positivity(
         W_E = model.W_E.double()
         gram = W_E.mT @ W_E
         W_Q, W_K, W_V, W_O = (stacked_weights(model, name).double() for name in ("W_Q", "W_K", "W_V", "W_O"))
+        # every writer's W_V^T and W_O as [(layer head_from d_head), d_model]: one product per reader layer
+        values_in = rearrange(W_V, "l h d e -> (l h e) d")
+        keys_out = rearrange(W_O, "l h e d -> (l h e) d")
+        smalls = []
         for layer_to in range(1, cfg.n_layers):
-            queries = gram @ W_Q[layer_to]  # [head_to, d_model, d_head]
-            for layer_from in range(layer_to):
-                values = W_V[layer_from].mT[:, None] @ queries[None]  # [head_from, head_to, d_head, d_head]
-                keys = W_O[layer_from][:, None] @ W_K[layer_to][None]  # [head_from, head_to, d_head, d_head]
-                small = keys.mT @ values
-                out[layer_from, :, layer_to] = eigenvalue_positivity(torch.linalg.eigvals(small))
+            writers = layer_to * cfg.n_heads * cfg.d_head
+            queries = rearrange(gram @ W_Q[layer_to], "h d f -> d (h f)")  # W_E^T W_E W_Q2
+            values = values_in[:writers] @ queries  # blocks W_V1^T G W_Q2
+            keys = keys_out[:writers] @ rearrange(W_K[layer_to], "h d f -> d (h f)")  # blocks W_O1 W_K2
+            blocks = [
+                rearrange(x, "(l h1 e) (h2 f) -> l h1 h2 e f", l=layer_to, h1=cfg.n_heads, h2=cfg.n_heads)
+                for x in (keys, values)
+            ]
+            smalls.append((blocks[0].mT @ blocks[1]).flatten(0, 2))  # [pairs, d_head, d_head]
+        positivity = eigenvalue_positivity(_eigvals(torch.cat(smalls))).split([len(x) for x in smalls])
+        for layer_to, scores in enumerate(positivity, start=1):
+            out[:layer_to, :, layer_to] = scores.reshape(layer_to, cfg.n_heads, cfg.n_heads)
     return out
+
+
+def _eigvals(matrices: Float[Tensor, "batch k k"]) -> Complex[Tensor, "batch k"]:
+    """``torch.linalg.eigvals`` of a batch split across torch's threads (each LAPACK call is
+    sequential; the same results, in half the time on 2 cores)."""
+    threads = max(1, min(torch.get_num_threads(), len(matrices)))
+    if threads == 1:
+        return torch.linalg.eigvals(matrices)
+    with ThreadPoolExecutor(threads) as pool:
+        return torch.cat(list(pool.map(torch.linalg.eigvals, matrices.chunk(threads))))

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from jaxtyping import Complex, Float, Int
 from rich.console import Console
@@ -38,11 +39,13 @@ if TYPE_CHECKING:
 
 WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95% interval
 DEVICE_BLOCK_BYTES = 2**30  # rows scored at once on an accelerator: large matmuls keep it busy
-# Self ranks are exact (every row) up to this many FLOP of row products: 2 TFLOP is about 12 s of
-# one core's quiet fp32 matmul rate (164 GFLOP/s, benchmarks/README.md; the rank comparisons run at
-# about that rate too, benchmarks/spectra.py). A GPU's budget covers all 144 heads of GPT-2 small
-# (46.5 TFLOP, about a second of matmuls at tens of TFLOP/s).
-EXACT_FLOP_BUDGET = {"cpu": 2e12, "cuda": 1e14}
+# Self ranks are exact (every row) up to this many FLOP of row products. On CPU 0.25 TFLOP: the
+# row blocks (K = 64) with their comparisons ran at 16-75 GFLOP/s on this shared 2-core machine
+# (benchmarks/analyze_gpt2.py; 2159 rows, the earlier 2 TFLOP, took 50-280 s), so GPT-2 small gets
+# 269 sampled rows in about 10 s, its W_O W_U per head included; every default model stays exact
+# (2-layer: 8.6 GFLOP). A GPU's budget covers all 144 heads of GPT-2 small (46.5 TFLOP, about a
+# second of matmuls at tens of TFLOP/s).
+EXACT_FLOP_BUDGET = {"cpu": 2.5e11, "cuda": 1e14}
 COPYING_SCORE_THRESHOLD = 0.5  # eigenvalues "say copying" above it (see compare_copying)
 DIAGONAL_Z_THRESHOLD = 1.0  # the direct measures "say copying" above it (see compare_copying)
 
@@ -66,15 +69,47 @@ def random_copying_scores(
     fm: FactoredMatrix, n_samples: int = 100, generator: torch.Generator | None = None
 ) -> Float[Tensor, "n_samples"]:
     """The paper's baseline: :func:`copying_score` of ``n_samples`` products of Gaussian factors
-    of the same shapes as one matrix of ``fm`` (``[m, r] @ [r, n]``), whose eigenvalues spread like
-    a (Ginibre) random matrix's. Compare a head's score with this distribution."""
+    of the same shapes as one matrix of ``fm`` (``[m, r] @ [r, m]``), whose eigenvalues spread like
+    a (Ginibre) random matrix's. Compare a head's score with this distribution.
+
+    The nonzero eigenvalues of ``A B`` are those of the ``r x r`` matrix ``B A``. Up to
+    ``FACTOR_DRAW_ENTRIES`` entries per factor the factors themselves are drawn; above it (a 50k
+    vocabulary: 3.2 million each) ``B A`` is drawn directly from its law, exactly
+    (:func:`_reordered_gaussian_products`), at ``r^2`` numbers a draw instead of ``2 m r``."""
     fm._require_square("a copying-score baseline")
+    if fm.m * fm.r > FACTOR_DRAW_ENTRIES and fm.r <= fm.m:
+        small = _reordered_gaussian_products(fm.m, fm.r, n_samples, generator)
+        return eigenvalue_positivity(torch.linalg.eigvals(small))
     scores = []
-    for _ in range(n_samples):  # one sample at a time: each can be 50257 x d_head
+    for _ in range(n_samples):  # one sample at a time
         A = torch.randn(fm.m, fm.r, generator=generator, dtype=torch.float64)
         B = torch.randn(fm.r, fm.n, generator=generator, dtype=torch.float64)
         scores.append(copying_score(FactoredMatrix(A, B)))
     return torch.stack(scores)
+
+
+# The baseline draws the factors themselves up to this many entries each (every default model: 4096
+# tokens x 32 is 131k), which keeps their baselines as they were; a draw at GPT-2 small's 50257 x 64
+# cost 0.13 s (200 draws: 26 s, all of it the Gaussian generator), the law of B A below 0.5 ms.
+FACTOR_DRAW_ENTRIES = 2**20
+
+
+def _reordered_gaussian_products(
+    m: int, r: int, n_samples: int, generator: torch.Generator | None
+) -> Float[Tensor, "n_samples r r"]:
+    """``n_samples`` draws of ``B A`` for independent standard Gaussian ``A [m, r]`` and
+    ``B [r, m]``, from its law rather than from the factors. Given ``A``, the rows of ``B A`` are
+    independent ``N(0, A^T A)``, so ``B A`` has the law of ``G S`` with ``G [r, r]`` standard Gaussian and
+    any ``S`` with ``S^T S = A^T A``; ``A^T A`` is Wishart(``m``, ``I_r``), and Bartlett's
+    decomposition gives it as ``L L^T`` with ``L`` lower triangular, ``L_ii^2 ~ chi^2(m - i)``
+    (``i = 0 .. r-1``) and ``N(0, 1)`` below the diagonal, so ``S = L^T``. The numbers come from a
+    NumPy generator seeded from ``generator``."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    rng = np.random.default_rng(seed)
+    L = np.tril(rng.standard_normal((n_samples, r, r)), -1)
+    L[:, np.arange(r), np.arange(r)] = np.sqrt(rng.chisquare(m - np.arange(r), size=(n_samples, r)))
+    G = rng.standard_normal((n_samples, r, r))
+    return torch.from_numpy(G @ L.transpose(0, 2, 1))
 
 
 # -- the direct measures ------------------------------------------------------------------------
@@ -126,8 +161,7 @@ def direct_copying(
     exact = sample_rows is None or sample_rows >= d_vocab
     rows = torch.arange(d_vocab) if exact else torch.randperm(d_vocab, generator=generator)[:sample_rows]
     device = torch.device(device)
-    diagonal_mean, diagonal_z = diagonal_statistics(ov, device)
-    ranks = _self_ranks(ov, rows.sort().values, device, progress)  # [heads, rows]
+    diagonal_mean, diagonal_z, ranks = diagonal_and_ranks(ov, rows.sort().values, device, progress)
     n_layers, n_heads = ov.batch_shape
     out = []
     for index in range(n_layers * n_heads):
@@ -174,6 +208,62 @@ def wilson_interval(successes: int, trials: int, z: float = WILSON_Z) -> tuple[f
     return low, high
 
 
+@torch.no_grad()
+def diagonal_and_ranks(
+    ov: SharedFactoredMatrix, rows: Int[Tensor, "rows"], device: torch.device, progress: bool = False
+) -> tuple[Float[Tensor, "heads"], Float[Tensor, "heads"], Int[Tensor, "heads rows"]]:
+    """Every head's mean diagonal and mean diagonal z-score (over every token), and the 1-based
+    rank of each of ``rows``' own token in its row (ties against it), in one pass over blocks of
+    tokens for all heads at once.
+
+    For a block of tokens ``t``, ``P = W_E[t] W_V`` and ``Q = W_U[:, t]^T W_O^T`` give the diagonal
+    ``sum(P * Q)``; the row mean is ``P (W_O mean_o W_U)`` and the row's mean square
+    ``P (W_O W_U W_U^T W_O^T / d_vocab) P^T``, with the Gram matrix ``W_U W_U^T`` formed once (so no
+    row is built). The same ``Q`` is the block's columns of every head's ``W_O W_U``: the scored
+    rows' ``W_E[rows] W_V`` times it are their entries in these columns, counted against each
+    row's own entry. Nothing ``d_vocab x d_vocab``, and no head's ``W_O W_U``, is built."""
+    W_E, W_U, W_V, W_O = _head_factors(ov, device)
+    heads, d_head = W_O.shape[:2]
+    mean_direction = W_O @ W_U.mean(1)  # [heads, d_head]
+    second_moment = W_O @ (W_U @ W_U.mT) @ W_O.mT / ov.n  # [heads, d_head, d_head]
+    W_V_flat, W_O_flat = W_V.flatten(1), W_O.permute(2, 0, 1).flatten(1)  # [d_model, heads * d_head]
+
+    def factors(tokens: Tensor | slice) -> tuple[Tensor, Tensor]:  # P, Q: [tokens, heads, d_head]
+        P = (W_E[tokens] @ W_V_flat).unflatten(1, (heads, d_head))
+        return P, (W_U[:, tokens].mT @ W_O_flat).unflatten(1, (heads, d_head))
+
+    rows = rows.to(device)
+    P_rows, Q_rows = (x.transpose(0, 1) for x in factors(rows))  # [heads, rows, d_head]
+    own = (P_rows * Q_rows).sum(-1, keepdim=True)  # each scored row's own entry
+    counts = torch.zeros(heads, len(rows), dtype=torch.long, device=device)
+    step = max(1, BLOCK_BYTES // (heads * d_head * W_E.element_size()))
+    block_bytes = BLOCK_BYTES if device.type == "cpu" else DEVICE_BLOCK_BYTES
+    row_step = max(1, block_bytes // (heads * min(step, ov.m) * W_E.element_size()))
+    diagonal_sum = torch.zeros(heads, dtype=torch.float64, device=device)
+    z_sum = torch.zeros(heads, dtype=torch.float64, device=device)
+    with _progress_bar(progress) as shown:
+        task = shown.add_task("direct copying", total=ov.m)
+        for start in range(0, ov.m, step):
+            P, Q = factors(slice(start, start + step))  # [b, heads, d_head]
+            diagonal = (P * Q).sum(-1)  # [b, heads]
+            mean = torch.einsum("bhr,hr->bh", P, mean_direction)
+            square = torch.einsum("hbr,hbr->bh", P.transpose(0, 1) @ second_moment, P.transpose(0, 1))
+            std = (square - mean.square()).clamp_min(0).sqrt()
+            z = torch.where(std > 0, (diagonal - mean) / torch.where(std > 0, std, 1), 0)
+            diagonal_sum += diagonal.sum(0, dtype=torch.float64)
+            z_sum += z.sum(0, dtype=torch.float64)
+            columns = Q.permute(1, 2, 0)  # [heads, d_head, b]
+            for first in range(0, len(rows), row_step):
+                scored = slice(first, first + row_step)
+                entries = P_rows[:, scored] @ columns  # [heads, rows, b]
+                local = rows[scored] - start  # a row's own column, when it is in this block
+                inside = ((local >= 0) & (local < columns.shape[-1])).nonzero()[:, 0]
+                entries[:, inside, local[inside]] = -torch.inf  # the own entry is not counted against itself
+                counts[:, scored] += (entries >= own[:, scored]).sum(-1)
+            shown.advance(task, columns.shape[-1])
+    return (diagonal_sum / ov.m).cpu(), (z_sum / ov.m).cpu(), (counts + 1).cpu()
+
+
 def _head_factors(ov: SharedFactoredMatrix, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``W_E``, ``W_U`` on the device, and every head's ``W_V`` ``[d_model, heads, d_head]`` and
     ``W_O`` ``[heads, d_head, d_model]`` flattened over layers."""
@@ -182,67 +272,11 @@ def _head_factors(ov: SharedFactoredMatrix, device: torch.device) -> tuple[Tenso
     return ov.left.to(device), ov.right.to(device), W_V.to(device), W_O.to(device)
 
 
-@torch.no_grad()
-def diagonal_statistics(
-    ov: SharedFactoredMatrix, device: torch.device
-) -> tuple[Float[Tensor, "heads"], Float[Tensor, "heads"]]:
-    """Every head's mean diagonal and mean diagonal z-score, from blocks of tokens at once for all
-    heads: ``P = W_E[t] W_V`` and ``Q = W_U[:, t]^T W_O^T`` give the diagonal ``sum(P * Q)``; the row
-    mean is ``P (W_O mean_o W_U)`` and the row's mean square ``P (W_O W_U W_U^T W_O^T / d_vocab) P^T``,
-    with the Gram matrix ``W_U W_U^T`` formed once (so no row is built)."""
-    W_E, W_U, W_V, W_O = _head_factors(ov, device)
-    heads, d_head = W_O.shape[:2]
-    n = ov.n
-    mean_direction = W_O @ W_U.mean(1)  # [heads, d_head]
-    second_moment = W_O @ (W_U @ W_U.mT) @ W_O.mT / n  # [heads, d_head, d_head]
-    W_V_flat, W_O_flat = W_V.flatten(1), W_O.permute(2, 0, 1).flatten(1)  # [d_model, heads * d_head]
-    step = max(1, BLOCK_BYTES // (heads * d_head * W_E.element_size()))
-    diagonal_sum = torch.zeros(heads, dtype=torch.float64, device=device)
-    z_sum = torch.zeros(heads, dtype=torch.float64, device=device)
-    for start in range(0, ov.m, step):
-        P = (W_E[start : start + step] @ W_V_flat).unflatten(1, (heads, d_head))  # [b, heads, d_head]
-        Q = (W_U[:, start : start + step].mT @ W_O_flat).unflatten(1, (heads, d_head))
-        diagonal = (P * Q).sum(-1)  # [b, heads]
-        mean = torch.einsum("bhr,hr->bh", P, mean_direction)
-        square = torch.einsum("hbr,hbr->bh", P.transpose(0, 1) @ second_moment, P.transpose(0, 1))
-        std = (square - mean.square()).clamp_min(0).sqrt()
-        z = torch.where(std > 0, (diagonal - mean) / torch.where(std > 0, std, 1), 0)
-        diagonal_sum += diagonal.sum(0, dtype=torch.float64)
-        z_sum += z.sum(0, dtype=torch.float64)
-    return (diagonal_sum / ov.m).cpu(), (z_sum / ov.m).cpu()
-
-
-def _self_ranks(
-    ov: SharedFactoredMatrix, rows: Int[Tensor, "rows"], device: torch.device, progress: bool
-) -> Int[Tensor, "heads rows"]:
-    """Each token's 1-based rank in its own row (ties against it), head by head, the rows of the
-    product ``(W_E[rows] W_V)(W_O W_U)`` computed a block at a time into one reused buffer."""
-    W_E, W_U, W_V, W_O = _head_factors(ov, device)
-    heads = W_O.shape[0]
-    block_bytes = BLOCK_BYTES if device.type == "cpu" else DEVICE_BLOCK_BYTES
-    step = max(1, min(len(rows), block_bytes // (ov.n * W_E.element_size())))
-    buffer = torch.empty(step, ov.n, dtype=W_E.dtype, device=device)
-    rows = rows.to(device)
-    ranks = torch.empty(heads, len(rows), dtype=torch.long, device=device)
-    columns = (TextColumn("self ranks"), BarColumn(), TextColumn("{task.completed}/{task.total} rows"))
-    shown = Progress(
-        *columns,
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not progress,
-    )
-    with shown:
-        task = shown.add_task("self ranks", total=heads * len(rows))
-        for head in range(heads):
-            out_head = W_O[head] @ W_U  # [d_head, d_vocab]
-            for start in range(0, len(rows), step):
-                chunk = rows[start : start + step]
-                block = torch.matmul(W_E[chunk] @ W_V[:, head], out_head, out=buffer[: len(chunk)])
-                own = block.gather(1, chunk[:, None])
-                ranks[head, start : start + len(chunk)] = (block >= own).sum(1)
-                shown.advance(task, len(chunk))
-    return ranks.cpu()
+def _progress_bar(show: bool) -> Progress:
+    counter = TextColumn("{task.completed}/{task.total} tokens")
+    columns = (TextColumn("{task.description}"), BarColumn(), counter, TimeElapsedColumn())
+    columns += (TimeRemainingColumn(),)
+    return Progress(*columns, console=Console(stderr=True), disable=not show)
 
 
 # -- the analysis step --------------------------------------------------------------------------

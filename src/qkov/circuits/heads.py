@@ -34,10 +34,17 @@ def offset_attention(
     cache: ActivationCache, offset: int, first_dest: int
 ) -> Float[Tensor, "n_layers n_heads"]:
     """Mean attention from ``dest`` to ``src = dest - offset`` over ``dest >= first_dest``."""
-    patterns = _stacked_patterns(cache)
+    return pattern_offset_attention(_stacked_patterns(cache), offset, first_dest)
+
+
+def pattern_offset_attention(
+    patterns: Float[Tensor, "... batch n_heads dest src"], offset: int, first_dest: int
+) -> Float[Tensor, "... n_heads"]:
+    """:func:`offset_attention` of patterns given directly: the mean over the batch and over
+    ``dest >= first_dest`` of the attention from ``dest`` to ``dest - offset``."""
     diagonal = patterns.diagonal(offset=-offset, dim1=-2, dim2=-1)  # [..., dest - offset]
     skip = first_dest - offset  # the diagonal starts at dest = offset
-    return diagonal[..., skip:].mean(dim=(1, -1))
+    return diagonal[..., skip:].mean(dim=(-3, -1))
 
 
 def previous_token_scores(cache: ActivationCache) -> Float[Tensor, "n_layers n_heads"]:

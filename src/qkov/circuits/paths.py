@@ -37,6 +37,8 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from qkov.circuits.budget import forward_flop, unembed_flop
+from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
@@ -232,6 +234,18 @@ def _rerun(model: AttnOnlyTransformer, frozen: Frozen, start: Tensor, inputs: Se
         if block.mlp is not None:
             resid = resid + frozen.mlp_writes[layer]
     return resid, seen
+
+
+def term_importance_flop(cfg: Config, length: int) -> float:
+    """FLOP per token of :func:`term_importance` on sequences of ``length``: the run that freezes
+    the model, ``n_layers + 1`` frozen runs of every head's values and output (``n_layers`` layers
+    each, and one more for the first-order effects), and one unembedding per loss (``1 + 2 n_layers
+    + n_layers n_heads``)."""
+    heads = cfg.n_heads * cfg.d_head
+    frozen_layer = 2 * (2 * cfg.d_model * heads + length * heads)
+    losses = 1 + 2 * cfg.n_layers + cfg.n_layers * cfg.n_heads
+    frozen_runs = (cfg.n_layers + 1) * cfg.n_layers * frozen_layer
+    return forward_flop(cfg, length) + frozen_runs + losses * unembed_flop(cfg)
 
 
 def term_importance(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) -> TermImportance:

@@ -1,0 +1,168 @@
+"""``qkov analyze`` end to end on a GPT-2-small-shaped model, each stage timed, beside what the
+same work costs in TransformerLens 3.x. A random ``GPT2LMHeadModel`` (12 layers x 12 heads,
+d_model 768, d_mlp 3072, 50257 tokens, n_ctx 1024; built locally, nothing downloaded) is saved as
+a Hugging Face folder and imported with ``qkov import``; then
+
+1. ``qkov analyze DIR`` in a fresh process: wall time and peak resident memory (``/usr/bin/time``);
+2. the same steps in this process, one at a time (``analyze.STEPS``, the inputs ``analyze`` draws),
+   each step's time, then writing results.json and the report;
+3. with ``--transformer-lens``: the same work in TransformerLens where it has it, on the same
+   inputs: the head scores' cached run, one ablation as a full rerun with a hook (TransformerLens
+   has no rerun from a layer; x the number of ablations), and the full OV eigenvalues of one layer
+   (x the number of layers), building the circuit included. Estimates from a measured part say
+   so. TransformerLens' spectra and composition scores at these shapes are measured in
+   ``spectra.py`` and ``composition.py`` (10 and 8.5 GiB at peak; their figures are in the README).
+
+    flock /tmp/qkov-heavy.lock python benchmarks/analyze_gpt2.py --transformer-lens
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from functools import partial
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+import qkov
+from import_gpt2 import transformer_lens_import
+from qkov import analyze as A
+from qkov.circuits.ablation import MODES, ablation_flop
+from qkov.interop import import_checkpoint
+from qkov.report import render_report
+from qkov.results import Results, write_results
+
+from peak_memory import measure
+
+
+def build(folder: Path, n_ctx: int, layers: int):
+    """A random GPT-2 folder and its qkov import; returns the transformers config."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=layers, n_head=12, n_embd=768, vocab_size=50257, n_positions=n_ctx
+    )
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder / "hf", safe_serialization=True)
+    import_checkpoint(folder / "hf", folder / "qkov")
+    return config
+
+
+def end_to_end(checkpoint: Path, out: Path, threads: int) -> tuple[float, float]:
+    """``qkov analyze`` in a fresh process: (wall seconds, peak RSS in GB)."""
+    command = ["/usr/bin/time", "-v", sys.executable, "-m", "qkov", "analyze", str(checkpoint)]
+    command += ["--out", str(out), "--threads", str(threads), "--quiet"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - started
+    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
+    return wall, peak_kb / 2**20
+
+
+def stages(model: qkov.Transformer, out: Path) -> A.Context:
+    """Every step of ``analyze`` timed alone, then the writing; returns the context (its inputs)."""
+    done: dict = {}
+    ctx = A.Context(
+        model, None, A.token_strings(model.tokenizer, model.cfg.d_vocab), 0, MappingProxyType(done)
+    )
+    total = 0.0
+    with torch.no_grad():
+        for step in A.STEPS:
+            if not step.applies(model.cfg.n_layers, False):
+                continue
+            done[step.name], s, m = measure(lambda step=step: step.run(ctx))
+            total += s
+            print(f"  {step.name:24s} {s:8.2f} s {m / 2**20:8.0f} MiB", flush=True)
+    results = Results(config=model.cfg, tokens=ctx.strings, training=[], phase_change=None, **done)
+
+    def write():
+        out.mkdir(parents=True, exist_ok=True)
+        write_results(results, out)
+        (out / "report.html").write_text(render_report({"gpt2": results}))
+
+    _, s, m = measure(write)
+    print(f"  {'write results + report':24s} {s:8.2f} s {m / 2**20:8.0f} MiB")
+    print(f"  {'total (steps + writing)':24s} {total + s:8.2f} s")
+    return ctx
+
+
+def batches(ctx: A.Context) -> None:
+    cfg = ctx.model.cfg
+    print(f"  head scores: {tuple(ctx.repeated.shape)} tokens, period {ctx.period}")
+    tokens, period = ctx.rerun_batch(partial(ablation_flop, cfg))
+    print(f"  ablations: {tuple(tokens.shape)} tokens, period {period}")
+
+
+def transformer_lens(ctx: A.Context, hf_folder: Path, hf_config) -> None:
+    """The same work in TransformerLens where it has it (see the module docstring)."""
+    hooked, s, m = measure(lambda: transformer_lens_import(hf_folder, hf_config))
+    print(f"  {'load + fold':40s} {s:8.2f} s {m / 2**20:8.0f} MiB")
+    cfg = ctx.model.cfg
+    with torch.no_grad():
+        _, s, m = measure(lambda: hooked.run_with_cache(ctx.repeated))
+        stage = f"head scores: run_with_cache {tuple(ctx.repeated.shape)}"
+        print(f"  {stage:40s} {s:8.2f} s {m / 2**20:8.0f} MiB")
+        tokens, _ = ctx.rerun_batch(partial(ablation_flop, cfg))
+
+        def zero_head(z, hook):
+            z[:, :, 0] = 0.0
+            return z
+
+        def one_ablation():
+            with hooked.hooks(fwd_hooks=[("blocks.0.attn.hook_z", zero_head)]):
+                return hooked.run_with_cache(tokens)  # logits for the loss, patterns for the scores
+
+        _, s, m = measure(one_ablation)
+        runs = len(MODES) * (cfg.n_layers - 1) * cfg.n_heads
+        print(
+            f"  {'ablation: 1 full rerun ' + str(tuple(tokens.shape)):40s} {s:8.2f} s {m / 2**20:8.0f} MiB"
+            f"   x{runs} = {s * runs:.0f} s (estimate)"
+        )
+        _, s, m = measure(lambda: (hooked.W_E @ hooked.OV[0] @ hooked.W_U).eigenvalues)
+        print(
+            f"  {'copying: full-OV eigenvalues, layer 0':40s} {s:8.2f} s {m / 2**20:8.0f} MiB"
+            f"   x{cfg.n_layers} = {s * cfg.n_layers:.0f} s (estimate)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n-ctx", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-end-to-end", action="store_true")
+    parser.add_argument("--transformer-lens", action="store_true", help="also time TransformerLens")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        hf_config = build(folder, args.n_ctx, args.layers)
+        print(
+            f"random GPT-2: {args.layers} layers x 12 heads, d_model 768, d_mlp 3072, 50257 tokens, "
+            f"n_ctx {args.n_ctx}; {args.threads} threads, torch {torch.__version__}"
+        )
+        if not args.skip_end_to_end:
+            wall, peak = end_to_end(folder / "qkov", folder / "out", args.threads)
+            print(f"qkov analyze end to end: {wall:.1f} s wall, {peak:.2f} GB peak RSS")
+        print("qkov analyze, step by step:")
+        model = qkov.load(folder / "qkov").eval()
+        ctx = stages(model, folder / "steps")
+        batches(ctx)
+        if args.transformer_lens:
+            print("TransformerLens, the same work where it has it:")
+            transformer_lens(ctx, folder / "hf", hf_config)
+
+
+if __name__ == "__main__":
+    main()

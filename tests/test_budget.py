@@ -1,0 +1,93 @@
+"""The batch rule of the behavioural analyses: the full repeated-token batch when it fits the
+budget, else fewer sequences, else a shorter period; the default models keep their whole batch and
+GPT-2 small's shapes are cut to a bounded one."""
+
+from __future__ import annotations
+
+from functools import partial
+from types import MappingProxyType
+
+import pytest
+import torch
+
+import qkov
+from qkov import analyze
+from qkov.circuits import budget
+from qkov.circuits.ablation import ablation_flop
+from qkov.circuits.paths import term_importance_flop
+
+from conftest import random_model
+
+GPT2 = qkov.Config(
+    n_layers=12,
+    n_heads=12,
+    d_model=768,
+    d_head=64,
+    d_vocab=50257,
+    n_ctx=1024,
+    d_mlp=3072,
+    normalization="LNPre",
+)
+DEFAULT_2_LAYER = qkov.Config(n_layers=2, n_heads=4, d_model=128, d_head=32, d_vocab=4096, n_ctx=128)
+
+
+def test_the_rule_gives_up_sequences_first_then_period():
+    def per_token(length):
+        return 10.0
+
+    assert budget.batch_shape((32, 40), 3, per_token, 32 * 120 * 10) == (32, 40)  # fits exactly
+    assert budget.batch_shape((32, 40), 3, per_token, 5 * 120 * 10 + 9) == (5, 40)
+    assert budget.batch_shape((32, 40), 3, per_token, 30 * 10) == (1, 10)  # one sequence of 30 tokens
+    assert budget.batch_shape((32, 40), 3, per_token, 1.0) == (1, 2)  # never below the shortest repeat
+
+
+@pytest.mark.parametrize(
+    "cost, limit",
+    [
+        (partial(budget.cache_bytes, GPT2), analyze.REPEATED_CACHE_BYTES),
+        (partial(ablation_flop, GPT2), analyze.RERUN_FLOP_BUDGET),
+        (partial(term_importance_flop, GPT2), analyze.RERUN_FLOP_BUDGET),
+    ],
+)
+def test_gpt2_small_is_cut_within_each_budget_and_the_default_model_is_not(cost, limit):
+    sequences, period = budget.batch_shape((analyze.REPEAT_BATCH, 341), analyze.REPEATS, cost, limit)
+    length = analyze.REPEATS * period
+    assert sequences * length * cost(length) <= limit
+    assert sequences < analyze.REPEAT_BATCH  # at n_ctx 1024 none of the three fits whole
+    default = partial(cost.func, DEFAULT_2_LAYER)
+    assert budget.batch_shape((32, 42), 3, default, limit) == (32, 42)
+
+
+def test_the_cache_estimate_covers_what_run_with_cache_keeps():
+    cfg = qkov.Config(
+        n_layers=2, n_heads=3, d_model=16, d_head=4, d_vocab=40, n_ctx=24, d_mlp=8, normalization="LN"
+    )
+    model, tokens = random_model(cfg), torch.randint(0, 40, (2, 24))
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+    kept = sum(t.numel() * t.element_size() for t in [logits, *cache.values()])
+    assert kept <= tokens.numel() * budget.cache_bytes(cfg, 24)
+
+
+def context(model) -> analyze.Context:
+    strings = analyze.token_strings(None, model.cfg.d_vocab)
+    return analyze.Context(model, None, strings, 0, MappingProxyType({}))
+
+
+def test_a_default_sized_model_keeps_its_batch_for_every_step():
+    ctx = context(qkov.AttnOnlyTransformer(DEFAULT_2_LAYER))
+    assert tuple(ctx.repeated.shape) == (32, 126) and ctx.period == 42
+    for cost in (ablation_flop, term_importance_flop):
+        tokens, period = ctx.rerun_batch(partial(cost, DEFAULT_2_LAYER))
+        assert tokens is not None and torch.equal(tokens, ctx.repeated) and period == 42
+
+
+def test_over_budget_steps_run_on_a_cut_batch_and_say_so(monkeypatch):
+    model = random_model(qkov.Config(n_layers=2, n_heads=2, d_model=16, d_head=8, d_vocab=24, n_ctx=30))
+    monkeypatch.setattr(analyze, "RERUN_FLOP_BUDGET", 2e6)
+    done = analyze.run_steps(model, ["term_importance", "ablation"])
+    effects = done["ablation"]
+    shape = budget.batch_shape((32, 10), 3, partial(ablation_flop, model.cfg), 2e6)
+    assert {(e.sequences, e.period) for e in effects} == {shape} and shape[0] < 32
+    described = done["term_importance"].tokens
+    assert described.startswith("repeated random tokens") and " x " in described
