@@ -138,3 +138,11 @@ def test_the_report_renders_in_headless_chromium(reports, tmp_path):
         check=True,
     )
     assert shot.stat().st_size > 10_000
+
+
+def test_the_ablation_figure_says_which_batch_it_ran_on(reports):
+    models, claims = reports
+    effect = models["2-layer"].ablation[0]
+    html = render_report(models, claims)
+    shape = f"on {effect.sequences} sequence(s) of random tokens repeating every {effect.period} positions"
+    assert shape in html

@@ -577,7 +577,9 @@ def ablation_section(r: Results) -> str:
     return figure(
         heatmap(values, rows, later + ["loss, last repeat"], label="ablation effects"),
         "Change in each later head's induction score (and in the loss on the last repeat) when an earlier "
-        "head's write is replaced by zero or by its mean.",
+        "head's write is replaced by zero or by its mean, on "
+        f"{effects[0].sequences} sequence(s) of random tokens repeating every {effects[0].period} "
+        "positions (fewer and shorter for large models: a fixed compute budget).",
         "ablating the previous-token head breaks the induction heads.",
     )
 
