@@ -408,17 +408,17 @@ def wide_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
     return gram.triu() + gram.triu(1).mT
 
 
-def gram_root(gram: Float[Tensor, "d d"], k: int) -> Float[Tensor, "k d"]:
+def gram_root(gram: Float[Tensor, "... d d"], k: int) -> Float[Tensor, "... k d"]:
     """``R [k, d]`` with ``R^T R = gram`` for a positive semidefinite ``gram`` of rank at most ``k``:
     its Cholesky factor when ``k = d`` and the factorisation succeeds (positive definite), else from
     the eigendecomposition (the ``k`` largest eigenvalues, negative rounding clipped to 0). Both are
     backward stable: ``R^T R`` is ``gram`` up to ``d eps ||gram||``."""
-    if k == gram.shape[0]:
+    if k == gram.shape[-1]:
         root, info = torch.linalg.cholesky_ex(gram, upper=True)
-        if info == 0:
+        if bool((info == 0).all()):
             return root
     eigenvalues, vectors = torch.linalg.eigh(gram)
-    return eigenvalues[-k:].clamp_min(0).sqrt()[:, None] * vectors[:, -k:].mT
+    return eigenvalues[..., -k:].clamp_min(0).sqrt()[..., :, None] * vectors[..., :, -k:].mT
 
 
 class SharedFactoredMatrix:
