@@ -429,13 +429,14 @@ def test_float32_shared_factors_are_exact_to_float32_rounding(sfm):
 
 
 @settings(PROPERTY, max_examples=30)
-@given(st.integers(1, 9), st.integers(1, 9), st.integers(1, 4), st.integers(0, 2**31 - 1))
-def test_roots_of_the_wide_gram_square_to_it(m, d, rows, seed):
-    """``wide_gram`` (in row and column blocks) is ``X^T X`` in float64, and ``gram_root``'s
+@given(st.integers(1, 9), st.integers(1, 9), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_roots_of_the_wide_gram_square_to_it(m, d, rows, leaf, seed):
+    """``wide_gram`` (in row and recursive column blocks) is ``X^T X`` in float64, and ``gram_root``'s
     ``R [min(m, d), d]`` squares back to it, positive definite (Cholesky) or not (eigenvalues)."""
     X = torch.tensor(np.random.default_rng(seed).standard_normal((m, d)), dtype=torch.float32)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(linalg, "GRAM_ROWS", rows)
+        patch.setattr(linalg, "GRAM_LEAF", leaf)
         gram = linalg.wide_gram(X)
     exact = X.double().mT @ X.double()
     assert gram.dtype == torch.float64

@@ -36,10 +36,10 @@ BLOCK_BYTES = 16 * 2**20  # the block actually used when the budget allows: it s
 # The Gram matrix of a float32 outer factor is formed in float64, whose square-root error (sqrt(eps_64)
 # = 1.5e-8) is below float32 rounding: see outer_root.
 WIDER = {torch.float32: torch.float64}
-GRAM_ROWS = 8192  # rows widened at once: 48 MiB of float64 at d_model 768
-# X^T X in 4 x 4 column blocks, the 10 on and above the diagonal: 62% of a full product's FLOP
-# (GPT-2's W_E in float64, 1 thread: 1.02 s against 1.62 s; 2 blocks 1.06 s, 8 blocks 1.10 s).
-GRAM_COLUMN_BLOCKS = 4
+GRAM_ROWS = 2048  # rows widened at once, into one reused buffer: 12 MiB of float64 at d_model 768
+# Columns below which a block of the Gram matrix is one full product: GPT-2's W_E in float64, 1
+# thread, 0.77 s with 96 (192: 0.83 s, 384: 0.97 s; 4 x 4 flat blocks 0.83 s; one product 1.18 s).
+GRAM_LEAF = 96
 
 
 class TopK(NamedTuple):
@@ -396,16 +396,27 @@ def outer_root(X: Float[Tensor, "m d"]) -> Float[Tensor, "k d"]:
 
 
 def wide_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
-    """``X^T X`` in the wider precision of :data:`WIDER`, ``GRAM_ROWS`` rows widened at a time, and
-    only the blocks on and above the diagonal multiplied (it is symmetric)."""
-    d = X.shape[1]
-    edges = [i * d // GRAM_COLUMN_BLOCKS for i in range(GRAM_COLUMN_BLOCKS + 1)]
+    """``X^T X`` in the wider precision of :data:`WIDER`, ``GRAM_ROWS`` rows widened at a time."""
+    m, d = X.shape
     gram = torch.zeros(d, d, dtype=WIDER[X.dtype])
-    for start in range(0, X.shape[0], GRAM_ROWS):
-        rows = X[start : start + GRAM_ROWS].to(gram.dtype)
-        for low, high in zip(edges[:-1], edges[1:], strict=True):
-            gram[low:high, low:] += rows[:, low:high].mT @ rows[:, low:]
+    buffer = torch.empty(min(GRAM_ROWS, m), d, dtype=gram.dtype)  # reused: no fresh pages per block
+    for start in range(0, m, GRAM_ROWS):
+        _add_upper_gram(gram, buffer[: min(GRAM_ROWS, m - start)].copy_(X[start : start + GRAM_ROWS]))
     return gram.triu() + gram.triu(1).mT
+
+
+def _add_upper_gram(gram: Float[Tensor, "d d"], rows: Float[Tensor, "k d"]) -> None:
+    """Add ``rows^T rows`` to the upper triangle of ``gram`` (and some of the lower): the two diagonal
+    halves recursively and the off-diagonal block once, down to ``GRAM_LEAF`` columns, which is 56%
+    of a full product's FLOP at ``d_model`` 768 (a symmetric rank-k update; torch has none)."""
+    d = rows.shape[1]
+    if d <= GRAM_LEAF:
+        gram.addmm_(rows.mT, rows)
+        return
+    half = d // 2
+    _add_upper_gram(gram[:half, :half], rows[:, :half])
+    _add_upper_gram(gram[half:, half:], rows[:, half:])
+    gram[:half, half:].addmm_(rows[:, :half].mT, rows[:, half:])
 
 
 def gram_root(gram: Float[Tensor, "... d d"], k: int) -> Float[Tensor, "... k d"]:
