@@ -428,8 +428,9 @@ def gram_root(gram: Float[Tensor, "... d d"], k: int) -> Float[Tensor, "... k d"
         root, info = torch.linalg.cholesky_ex(gram, upper=True)
         if bool((info == 0).all()):
             return root
-    eigenvalues, vectors = torch.linalg.eigh(gram)
-    return eigenvalues[..., -k:].clamp_min(0).sqrt()[..., :, None] * vectors[..., :, -k:].mT
+    eigenvalues, vectors = torch.linalg.eigh(gram)  # ascending: the k largest are the last
+    first = gram.shape[-1] - k
+    return eigenvalues[..., first:].clamp_min(0).sqrt()[..., :, None] * vectors[..., :, first:].mT
 
 
 class SharedFactoredMatrix:
