@@ -429,11 +429,20 @@ def test_float32_shared_factors_are_exact_to_float32_rounding(sfm):
 
 
 @settings(PROPERTY, max_examples=30)
-@given(st.integers(1, 9), st.integers(1, 9), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31 - 1))
-def test_roots_of_the_wide_gram_square_to_it(m, d, rows, leaf, seed):
-    """``wide_gram`` (in row and recursive column blocks) is ``X^T X`` in float64, and ``gram_root``'s
-    ``R [min(m, d), d]`` squares back to it, positive definite (Cholesky) or not (eigenvalues)."""
+@given(
+    st.integers(1, 9),
+    st.integers(1, 9),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
+def test_roots_of_the_wide_gram_square_to_it(m, d, rows, leaf, transposed, seed):
+    """``wide_gram`` (in row and recursive column blocks, of a matrix or a transposed view as
+    ``W_U^T``) is ``X^T X`` in float64, and ``gram_root``'s ``R [min(m, d), d]`` squares back to it,
+    positive definite (Cholesky) or not (eigenvalues)."""
     X = torch.tensor(np.random.default_rng(seed).standard_normal((m, d)), dtype=torch.float32)
+    X = X.mT.contiguous().mT if transposed else X
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(linalg, "GRAM_ROWS", rows)
         patch.setattr(linalg, "GRAM_LEAF", leaf)

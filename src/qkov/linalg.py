@@ -399,7 +399,13 @@ def wide_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
     """``X^T X`` in the wider precision of :data:`WIDER`, ``GRAM_ROWS`` rows widened at a time."""
     m, d = X.shape
     gram = torch.zeros(d, d, dtype=WIDER[X.dtype])
-    buffer = torch.empty(min(GRAM_ROWS, m), d, dtype=gram.dtype)  # reused: no fresh pages per block
+    # one buffer, reused (no fresh pages per block), laid out as X is: a transposed view (W_U^T) is
+    # copied along its contiguous columns, 4x faster than into rows
+    rows = min(GRAM_ROWS, m)
+    if X.stride(0) == 1 and d > 1:
+        buffer = torch.empty(d, rows, dtype=gram.dtype).mT
+    else:
+        buffer = torch.empty(rows, d, dtype=gram.dtype)
     for start in range(0, m, GRAM_ROWS):
         _add_upper_gram(gram, buffer[: min(GRAM_ROWS, m - start)].copy_(X[start : start + GRAM_ROWS]))
     return gram.triu() + gram.triu(1).mT
