@@ -3,9 +3,10 @@ heads, d_model 768, d_head 64, d_vocab 50257, random weights), qkov beside Trans
 one run, 1 thread.
 
 1. All full OV circuits ``W_E W_V W_O W_U``: norm, singular values, eigenvalues and copying scores,
-   the circuit's construction included. qkov: shared outer factors (one QR of ``W_E`` and of
-   ``W_U^T``); TransformerLens: ``W_E @ FactoredMatrix(W_V, W_O) @ W_U`` (``[heads, 50257, 64]``
-   factors), then ``.S``, ``.norm()``, ``.eigenvalues``. 2. The same for the full QK circuits.
+   the circuit's construction included. qkov: shared outer factors (a root of the Gram matrix of
+   ``W_E`` and of ``W_U^T``, formed in float64); TransformerLens: ``W_E @ FactoredMatrix(W_V, W_O) @
+   W_U`` (``[heads, 50257, 64]`` factors), then ``.S``, ``.norm()``, ``.eigenvalues``. 2. The same
+   for the full QK circuits.
 3. The diagonal and its z-scores for every head, against the machine's fp32 matmul rate measured
    in the same run (the floor is building ``W_E W_V`` and ``W_O W_U``). 4. ``self_top1`` exact for
    one head and sampled for every head. 5. The random baselines behind ``compare_copying``'s rule.

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qkov
-from qkov import FactoredMatrix
+from qkov import FactoredMatrix, linalg
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SHARED_PROPERTY = settings(PROPERTY, max_examples=30)
@@ -347,8 +347,8 @@ def test_errors_are_clear(make, message):
 @st.composite
 def shared(draw, square=False):
     """``L (A B) R`` in float64 with shared outer factors: any inner dimension (``r > m`` too, as
-    ``d_head > d_vocab``), outer factors wider than tall (rank-deficient ``L``), rank-deficient
-    and zero inner factors, and ``R = L^T`` as a view (a full QK circuit)."""
+    ``d_head > d_vocab``), outer factors wider than tall or of rank one (rank-deficient ``L``),
+    rank-deficient and zero inner factors, and ``R = L^T`` as a view (a full QK circuit)."""
     gen = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
     m, d, r = draw(st.integers(1, 7)), draw(st.integers(1, 7)), draw(st.integers(1, 9))
     transposed = square and draw(st.booleans())
@@ -363,7 +363,10 @@ def shared(draw, square=False):
         B[..., : r // 2, :] = 0.0
     elif kind == "zero":
         A[...] = 0.0
-    L = torch.tensor(gen.standard_normal((m, d)))
+    L = gen.standard_normal((m, d))
+    if draw(st.booleans()):  # rank one, taller than wide too: a singular Gram matrix L^T L
+        L = L[:, :1] * gen.standard_normal(d)
+    L = torch.tensor(L)
     R = L.mT if transposed else torch.tensor(gen.standard_normal((e, n)))
     return qkov.SharedFactoredMatrix(L, FactoredMatrix(torch.tensor(A), torch.tensor(B)), R)
 
@@ -405,6 +408,51 @@ def test_shared_factors_give_the_dense_eigenvalues_and_trace(sfm):
     for p in (1, 2, 3):
         power = power @ product
         close((eigenvalues**p).sum(-1), np.trace(power, axis1=-2, axis2=-1), 1e-9 * scale**p * sfm.m + 1e-300)
+
+
+FLOAT32_TOLERANCE = 1e-5  # of the scale ||L|| ||A|| ||B|| ||R||; a float32 Gram would miss it (3e-4)
+
+
+@SHARED_PROPERTY
+@given(shared())
+def test_float32_shared_factors_are_exact_to_float32_rounding(sfm):
+    """The float32 path (a root of the Gram formed in float64, not a QR) against the dense float64
+    product of the same float32 numbers: rank-deficient ``L`` and inner factors, ``r > m``, zeros."""
+    sfm = sfm.to(torch.float32)
+    product = shared_dense(sfm.to(torch.float64))
+    tol = FLOAT32_TOLERANCE * shared_tolerance(sfm) / 1e-10
+    close(sfm.norm().numpy(), np.linalg.norm(product, axis=(-2, -1)), tol)
+    S = sfm.singular_values().numpy()
+    k = min(sfm.m, sfm.n, sfm.left.shape[1], sfm.right.shape[0], sfm.inner.r)
+    assert S.shape == (*sfm.batch_shape, k)
+    close(S, np.linalg.svd(product, compute_uv=False)[..., :k], tol)
+
+
+@settings(PROPERTY, max_examples=30)
+@given(
+    st.integers(1, 9),
+    st.integers(1, 9),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
+def test_roots_of_the_wide_gram_square_to_it(m, d, rows, leaf, transposed, seed):
+    """``wide_gram`` (in row and recursive column blocks, of a matrix or a transposed view as
+    ``W_U^T``) is ``X^T X`` in float64, and ``gram_root``'s ``R [min(m, d), d]`` squares back to it,
+    positive definite (Cholesky) or not (eigenvalues)."""
+    X = torch.tensor(np.random.default_rng(seed).standard_normal((m, d)), dtype=torch.float32)
+    X = X.mT.contiguous().mT if transposed else X
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(linalg, "GRAM_ROWS", rows)
+        patch.setattr(linalg, "GRAM_LEAF", leaf)
+        gram = linalg.wide_gram(X)
+    exact = X.double().mT @ X.double()
+    assert gram.dtype == torch.float64
+    close(gram.numpy(), exact.numpy(), 1e-13 * float(exact.abs().max()))
+    root = linalg.gram_root(gram, min(m, d))
+    assert root.shape == (min(m, d), d)
+    close((root.mT @ root).numpy(), exact.numpy(), 1e-12 * float(exact.abs().max()))
 
 
 def test_shared_factors_of_a_rotation_have_complex_eigenvalues():

@@ -16,8 +16,8 @@ computed in the small space *where that is exact*:
 
 Leading dimensions broadcast, so one object can hold every head's circuit (``[n_layers, n_heads,
 m, n]``). :class:`SharedFactoredMatrix` is such a batch between outer factors that every matrix
-shares (``W_E`` and ``W_U`` in the full circuits, the paper's ``W_U W_OV W_E``): its QRs are taken
-once for the whole batch, and no vocabulary-long factor is built per head.
+shares (``W_E`` and ``W_U`` in the full circuits, the paper's ``W_U W_OV W_E``): square roots of
+their Gram matrices are taken once for the whole batch, and no vocabulary-long factor is built per head.
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ from qkov.errors import QkovError
 
 DEFAULT_MEMORY_BYTES = 2**30  # the top-k streaming budget: at most about 1 GiB of product entries at once
 BLOCK_BYTES = 16 * 2**20  # the block actually used when the budget allows: it stays in cache
+# The Gram matrix of a float32 outer factor is formed in float64, whose square-root error (sqrt(eps_64)
+# = 1.5e-8) is below float32 rounding: see outer_root.
+WIDER = {torch.float32: torch.float64}
+GRAM_ROWS = 2048  # rows widened at once, into one reused buffer: 12 MiB of float64 at d_model 768
+# Columns below which a block of the Gram matrix is one full product: GPT-2's W_E in float64, 1
+# thread, 0.77 s with 96 (192: 0.83 s, 384: 0.97 s; 4 x 4 flat blocks 0.83 s; one product 1.18 s).
+GRAM_LEAF = 96
 
 
 class TopK(NamedTuple):
@@ -373,10 +380,64 @@ def numerical_rank(S: Float[Tensor, "... k"], m: int, n: int) -> Int[Tensor, "..
 
 
 def outer_root(X: Float[Tensor, "m d"]) -> Float[Tensor, "k d"]:
-    """``R`` with ``X = Q R`` (thin QR, ``Q`` orthonormal and never formed), ``k = min(m, d)``: so
-    ``X Y`` and ``R Y`` have the same singular values and Frobenius norm for every ``Y``, and
-    ``R^T R = X^T X`` (a square root of the Gram matrix, backward stable unlike one from the Gram)."""
-    return torch.linalg.qr(X, mode="r").R
+    """``R`` with ``R^T R = X^T X``, ``k = min(m, d)``: so ``X Y`` and ``R Y`` have the same singular
+    values and Frobenius norm for every ``Y``.
+
+    float32: a root of the Gram matrix ``X^T X`` formed in float64 (:func:`wide_gram`, one symmetric
+    matmul: 0.8 s against the QR's 1.5 s for GPT-2's ``W_E``, 1 thread). An error ``E`` in ``X^T X``
+    moves a singular value of ``X Y`` by at most ``sqrt(||E||) ||Y||`` (Weyl, on the squares); with
+    ``||E||`` about ``eps_64 ||X||^2`` that is ``1.5e-8 ||X|| ||Y||``, under float32 rounding
+    (``1.2e-7``), so the root is about as exact as a float32 QR's ``R``. Other dtypes (float64): the
+    thin QR ``X = Q R`` (``Q`` never formed), backward stable, which a Gram in the same precision
+    is not.
+    """
+    if X.dtype not in WIDER:
+        return torch.linalg.qr(X, mode="r").R
+    return gram_root(wide_gram(X), min(X.shape)).to(X.dtype)
+
+
+def wide_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
+    """``X^T X`` in the wider precision of :data:`WIDER`, ``GRAM_ROWS`` rows widened at a time."""
+    m, d = X.shape
+    gram = torch.zeros(d, d, dtype=WIDER[X.dtype])
+    # one buffer, reused (no fresh pages per block), laid out as X is: a transposed view (W_U^T) is
+    # copied along its contiguous columns, 4x faster than into rows
+    rows = min(GRAM_ROWS, m)
+    if X.stride(0) == 1 and d > 1:
+        buffer = torch.empty(d, rows, dtype=gram.dtype).mT
+    else:
+        buffer = torch.empty(rows, d, dtype=gram.dtype)
+    for start in range(0, m, GRAM_ROWS):
+        _add_upper_gram(gram, buffer[: min(GRAM_ROWS, m - start)].copy_(X[start : start + GRAM_ROWS]))
+    return gram.triu() + gram.triu(1).mT
+
+
+def _add_upper_gram(gram: Float[Tensor, "d d"], rows: Float[Tensor, "k d"]) -> None:
+    """Add ``rows^T rows`` to the upper triangle of ``gram`` (and some of the lower): the two diagonal
+    halves recursively and the off-diagonal block once, down to ``GRAM_LEAF`` columns, which is 56%
+    of a full product's FLOP at ``d_model`` 768 (a symmetric rank-k update; torch has none)."""
+    d = rows.shape[1]
+    if d <= GRAM_LEAF:
+        gram.addmm_(rows.mT, rows)
+        return
+    half = d // 2
+    _add_upper_gram(gram[:half, :half], rows[:, :half])
+    _add_upper_gram(gram[half:, half:], rows[:, half:])
+    gram[:half, half:].addmm_(rows[:, :half].mT, rows[:, half:])
+
+
+def gram_root(gram: Float[Tensor, "... d d"], k: int) -> Float[Tensor, "... k d"]:
+    """``R [k, d]`` with ``R^T R = gram`` for a positive semidefinite ``gram`` of rank at most ``k``:
+    its Cholesky factor when ``k = d`` and the factorisation succeeds (positive definite), else from
+    the eigendecomposition (the ``k`` largest eigenvalues, negative rounding clipped to 0). Both are
+    backward stable: ``R^T R`` is ``gram`` up to ``d eps ||gram||``."""
+    if k == gram.shape[-1]:
+        root, info = torch.linalg.cholesky_ex(gram, upper=True)
+        if bool((info == 0).all()):
+            return root
+    eigenvalues, vectors = torch.linalg.eigh(gram)  # ascending: the k largest are the last
+    first = gram.shape[-1] - k
+    return eigenvalues[..., first:].clamp_min(0).sqrt()[..., :, None] * vectors[..., :, first:].mT
 
 
 class SharedFactoredMatrix:
@@ -385,14 +446,16 @@ class SharedFactoredMatrix:
     every matrix of the batch shares.
 
     Every full circuit has this form: the full OV circuit ``W_E (W_V W_O) W_U`` and the full QK
-    circuit ``W_E (W_Q W_K^T) W_E^T`` of all heads share ``W_E`` and ``W_U``. With thin QRs
-    ``L = Q_L R_L`` and ``R^T = Q_R R_R``, computed once for the whole batch,
+    circuit ``W_E (W_Q W_K^T) W_E^T`` of all heads share ``W_E`` and ``W_U``. With roots of their
+    Gram matrices, ``R_L^T R_L = L^T L`` and ``R_R^T R_R = R R^T`` (:func:`outer_root`: a QR's ``R``,
+    or for float32 a root of the Gram formed in float64), computed once for the whole batch,
+    ``||L Y x|| = ||R_L Y x||`` for every ``Y`` and ``x``, so
 
-        ``L A B R = Q_L (R_L A)(B R_R^T) Q_R^T``,
+        ``L A B R`` and the *core* ``(R_L A)(B R_R^T)``
 
-    so the norm and singular values of each ``m x n`` matrix are those of the ``d x e`` *core*
-    ``(R_L A)(B R_R^T)``; and for square products the nonzero eigenvalues and the trace are those
-    of the ``r x r`` matrix ``B (R L) A`` (``λ(XY) = λ(YX)``), with ``R L`` (``e x d``) computed once.
+    have the same norm and singular values (``m x n`` against ``min(m, d) x min(n, e)``); and for
+    square products the nonzero eigenvalues and the trace are those of the ``r x r`` matrix
+    ``B (R L) A`` (``λ(XY) = λ(YX)``), with ``R L`` (``e x d``) computed once.
     Nothing ``m`` or ``n`` long is built per matrix unless asked for (:meth:`factored`).
     """
 
@@ -464,7 +527,7 @@ class SharedFactoredMatrix:
 
     @property
     def _right_is_left_transposed(self) -> bool:
-        """``R`` is a transposed view of ``L`` (a full QK circuit): one QR serves both."""
+        """``R`` is a transposed view of ``L`` (a full QK circuit): one root serves both."""
         t = self.left.mT
         return (
             self.right.data_ptr() == t.data_ptr()
@@ -479,13 +542,18 @@ class SharedFactoredMatrix:
             return self._left_root.mT @ self._left_root  # R^T R = L^T L
         return self.right @ self.left
 
+    @functools.cached_property
+    def _singular_values(self) -> Float[Tensor, "... k"]:
+        return self.core.singular_values()
+
     def norm(self) -> Float[Tensor, "..."]:
-        """The Frobenius norm of each ``L A B R``, exactly: that of its core."""
-        return self.core.norm()
+        """The Frobenius norm of each ``L A B R``, exactly: ``sqrt(sum s^2)`` over the core's singular
+        values (computed once for both)."""
+        return self._singular_values.square().sum(-1).sqrt()
 
     def singular_values(self) -> Float[Tensor, "... k"]:
         """Singular values of each ``L A B R``, descending, ``k = min(m, n, d, e, r)``."""
-        return self.core.singular_values()
+        return self._singular_values.clone()
 
     def eigenvalues(self) -> Complex[Tensor, "... k"]:
         """The eigenvalues of each square ``L A B R`` that can be nonzero, ``k = min(m, r)``:

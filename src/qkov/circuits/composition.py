@@ -31,7 +31,7 @@ from qkov.circuits.copying import eigenvalue_positivity
 from qkov.circuits.qk_ov import stacked_weights
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
-from qkov.linalg import FactoredMatrix
+from qkov.linalg import FactoredMatrix, gram_root
 from qkov.model import AttnOnlyTransformer
 from qkov.names import parse_head
 
@@ -40,13 +40,12 @@ BASELINE_SAMPLES = 100
 
 
 def _gram_root(X: Float[Tensor, "... d_model d_head"]) -> Float[Tensor, "... d_head d_head"]:
-    """A square root ``R`` of the Gram matrix, ``R^T R = X^T X`` (from its eigendecomposition in
+    """A square root ``R`` of the Gram matrix, ``R^T R = X^T X`` (:func:`qkov.linalg.gram_root` in
     float64, so rank-deficient ``X`` is fine). Then ``‖X Z‖_F = ‖R Z‖_F`` for any ``Z``, since
     ``‖X Z‖_F^2 = tr(Z^T X^T X Z)``: a ``d_model x d_head`` factor can be replaced by ``d_head x d_head``.
     """
     gram = (X.mT @ X).double()  # the product in X's own precision (float64 for float64 weights)
-    eigenvalues, vectors = torch.linalg.eigh(gram)
-    return (eigenvalues.clamp_min(0).sqrt()[..., :, None] * vectors.mT).to(X.dtype)
+    return gram_root(gram, X.shape[-1]).to(X.dtype)
 
 
 def raw_composition_scores(

@@ -90,7 +90,7 @@ class QKTerms(NamedTuple):
 
 def shared_full_qk_circuit(model: AttnOnlyTransformer) -> SharedFactoredMatrix:
     """Every head's token-token attention scores ``W_E (W_Q W_K^T / sqrt(d_head)) W_E^T`` (paper:
-    ``W_E^T W_QK W_E``) with ``W_E`` kept shared (one QR of it serves both sides)."""
+    ``W_E^T W_QK W_E``) with ``W_E`` kept shared (one root of its Gram matrix serves both sides)."""
     model = circuit_model(model)
     return SharedFactoredMatrix(model.W_E, qk_circuit(model) * model.cfg.d_head**-0.5, model.W_E.mT)
 
@@ -130,7 +130,7 @@ def qk_term_rms(model: AttnOnlyTransformer) -> dict[str, Float[Tensor, "n_layers
     """The root-mean-square entry of each :class:`QKTerms` term: a scale-free summary of how much of
     each head's attention is about content and how much about position. Exact, from the norms of
     ``X (W_Q W_K^T / sqrt(d_head)) Y^T`` with ``X, Y`` each ``W_E`` or ``W_pos`` kept shared
-    (:class:`~qkov.linalg.SharedFactoredMatrix`: one QR of each, nothing vocabulary-long per head)."""
+    (:class:`~qkov.linalg.SharedFactoredMatrix`: one Gram root of each, nothing vocabulary-long per head)."""
     model = circuit_model(model)
     if model.W_pos is None:
         raise QkovError("the model has no positional embedding (positional_embedding='none')")

@@ -3,10 +3,10 @@ top singular values, effective rank and eigenvalue copying score of each full OV
 ``W_E W_V W_O W_U`` (paper: ``W_U W_OV W_E``) and full QK circuit ``W_E W_Q W_K^T W_E^T / sqrt(d_head)``
 (paper: ``W_E^T W_QK W_E``), token to token, positions left out.
 
-All heads share ``W_E`` and ``W_U``: one QR of each (``d_vocab x d_model``, computed once) reduces
-every head's ``d_vocab x d_vocab`` circuit to ``d_model``-sized algebra
-(:class:`qkov.linalg.SharedFactoredMatrix`), so the spectra of GPT-2 small's 144 heads take seconds
-and no ``[heads, d_vocab, d_head]`` factor is ever built.
+All heads share ``W_E`` and ``W_U``: one square root of each one's Gram matrix (``d_model x
+d_model``, computed once; :func:`qkov.linalg.outer_root`) reduces every head's ``d_vocab x d_vocab``
+circuit to ``d_model``-sized algebra (:class:`qkov.linalg.SharedFactoredMatrix`), so the spectra of
+GPT-2 small's 144 heads take seconds and no ``[heads, d_vocab, d_head]`` factor is ever built.
 """
 
 from __future__ import annotations
