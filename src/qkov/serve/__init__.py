@@ -64,7 +64,9 @@ def serve(checkpoint: str | Path, host: str, port: int, cache_mb: int, workers: 
     print(f"qkov serve: {Path(checkpoint)} at http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
     try:
         server.run()
-    except KeyboardInterrupt:  # uvicorn stops cleanly on Ctrl-C, then re-raises it
-        print("qkov serve: stopped", flush=True)
+    except KeyboardInterrupt:  # uvicorn stops cleanly on Ctrl-C, then usually re-raises it
+        pass
     finally:
         jobs.shutdown()
+    # also when run() returns without re-raising (seen under load): the stop was as clean
+    print("qkov serve: stopped", flush=True)
