@@ -4,6 +4,7 @@ checkpoint, and a run resumes with another number of processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from qkov.distributed import Processes, torchrun_command
+from qkov.train import TrainConfig
 from test_train import TINY, load_state_step, qkov_cli, tiny_run
 
 # 2 processes x B/2 against 1 process x B after 50 steps of the tiny model: the largest weight
@@ -81,7 +83,9 @@ def test_two_processes_match_one_and_resume_with_one(tiny_corpus, tmp_path):
     assert_close(tmp_path / "two", tmp_path / "one")
     assert_close(tmp_path / "two", tmp_path / "accumulated", atol=0)
     assert sorted(os.listdir(tmp_path / "two")) == sorted(os.listdir(tmp_path / "one"))
-    assert (tmp_path / "two" / "metrics.jsonl").read_text().count("\n") == 5  # logged once, by rank 0
+    logged = [json.loads(r)["step"] for r in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    # each evaluation logged once, by rank 0: 10, 13, 16, 20, 25, 30, 32, 40, 50
+    assert logged == sorted(TrainConfig(steps=50, batch_size=1, lr=1.0, eval_every=10).evaluation_steps())
 
     stopped = tmp_path / "stopped"
     status, stderr = interrupt_when(
