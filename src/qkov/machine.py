@@ -1,5 +1,5 @@
 """What a run costs on this machine: its matmul rate, the model FLOPs of training, and from the two an
-estimate of a training run's time, printed by ``qkov reproduce`` before it starts.
+estimate of the whole ``qkov reproduce`` run's time, which it prints before it starts.
 
 Training a small attention-only model is bound by its matrix multiplications, so its time scales
 with the machine's fp32 matmul rate; the measured share of that rate the trainer reaches
@@ -26,7 +26,7 @@ def matmul_rate(
     dtype: torch.dtype = torch.float32, n: int = 2048, device: str = "cpu", reps: int = 5
 ) -> float:
     """The matmul rate (FLOP/s) at an ``n x n`` square size (on the CPU with the current threads),
-    best of ``reps``."""
+    best of ``reps`` after ``WARM_UP_S`` seconds of the same products."""
     a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
     warm_until = time.perf_counter() + WARM_UP_S
@@ -52,6 +52,7 @@ def model_flops_per_token(cfg: Config, seq: int) -> float:
 
 
 def training_seconds(cfg: Config, steps: int, batch_size: int, rate: float) -> float:
-    """The estimated time of ``steps`` steps of ``batch_size`` windows at a matmul rate of ``rate``."""
+    """The estimated share of a whole run's time that ``steps`` steps of ``batch_size`` windows take
+    at a matmul rate of ``rate`` (:data:`TRAINING_UTILISATION` includes the work around training)."""
     tokens = steps * batch_size * cfg.n_ctx
     return tokens * 3 * model_flops_per_token(cfg, cfg.n_ctx) / (rate * TRAINING_UTILISATION)
