@@ -89,10 +89,18 @@ class BigramComparison:
 
     kl: float
     corpus_entropy: float
-    correlation: float | None  # None: too few pairs seen often enough
+    correlation: float | None  # None: too few pairs seen often enough, or one side constant
     tokens_compared: int
     pairs_compared: int
     examples: list[BigramExample]
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Pearson's correlation; None when it is undefined (fewer than 3 pairs, or a constant side:
+    a direct path that predicts every next token alike)."""
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
 
 
 def compare_bigrams(
@@ -100,7 +108,8 @@ def compare_bigrams(
 ) -> BigramComparison:
     rows = np.argsort(-counts.unigram, kind="stable")[:FREQUENT_TOKENS]
     rows = rows[counts.unigram[rows] > 0]
-    model_lp = direct_path_log_probs(model, torch.from_numpy(rows)).numpy()  # [rows, d_vocab]
+    current = torch.from_numpy(rows).to(model.device)
+    model_lp = direct_path_log_probs(model, current).cpu().numpy()  # [rows, d_vocab]
     row_of = np.full(len(counts.unigram), -1)
     row_of[rows] = np.arange(len(rows))
     keep = row_of[counts.current] >= 0
@@ -110,11 +119,7 @@ def compare_bigrams(
     kl_rows = np.bincount(r, weights=p * (np.log(p) - model_lp[r, nxt]), minlength=len(rows))
     entropy_rows = np.bincount(r, weights=-p * np.log(p), minlength=len(rows))
     seen = c >= MIN_PAIR_COUNT
-    correlation = (
-        float(np.corrcoef(np.log(p[seen]), model_lp[r[seen], nxt[seen]])[0, 1])
-        if seen.sum() > 2
-        else None
-    )
+    correlation = _pearson(np.log(p[seen]), model_lp[r[seen], nxt[seen]])
     examples = []
     for i in range(min(n_examples, len(rows))):
         mine = np.flatnonzero(r == i)
