@@ -52,8 +52,8 @@ def test_the_repeat_loss_claim_follows_its_rule(models):
 
 def test_the_phase_change_claim_follows_its_rule(models):
     def claim(two_layer_log, one_layer_log):
-        one = dataclasses.replace(models["1-layer"], training=one_layer_log)
-        return phase_change_claim(one, dataclasses.replace(models["2-layer"], training=two_layer_log))
+        change = phase_change(two_layer_log, one_layer_log)
+        return phase_change_claim(dataclasses.replace(models["2-layer"], phase_change=change))
 
     holds = claim(two_layer(), ONE_LAYER_LINEAR)
     assert holds.holds and holds.holds == phase_change(two_layer(), ONE_LAYER_LINEAR).holds

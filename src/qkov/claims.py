@@ -11,7 +11,7 @@ from __future__ import annotations
 import keyword
 
 from qkov.circuits.heads import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD
-from qkov.circuits.phase_change import MAX_WINDOW_DECADES, MOST_OF_CHANGE, ControlWindow, phase_change
+from qkov.circuits.phase_change import MAX_WINDOW_DECADES, MOST_OF_CHANGE, ControlWindow
 from qkov.results import Claim, Results, SkipTrigramRow
 
 BIGRAM_CORRELATION = 0.5  # log P(next | current): the direct path against the corpus
@@ -141,10 +141,11 @@ def _control(control: ControlWindow | None) -> str:
     return f"1-layer control: {verdict} ({width})"
 
 
-def phase_change_claim(one: Results, two: Results) -> Claim:
-    """The 2-layer run's window and signatures, against the 1-layer run's control (both read from the
-    training logs in the models' results, by :func:`~qkov.circuits.phase_change.phase_change`)."""
-    change = phase_change(two.training, one.training)
+def phase_change_claim(two: Results) -> Claim:
+    """The 2-layer run's window and signatures, against the 1-layer run's control: the 2-layer
+    results' ``phase_change``, which :func:`qkov.reproduce.reproduce` computes with the 1-layer
+    training log as the control (:func:`~qkov.circuits.phase_change.phase_change`)."""
+    change = two.phase_change
     if change is None:
         measured = "no rise in the best induction score during training"
     else:
@@ -214,7 +215,7 @@ def evaluate_claims(models: dict[str, Results]) -> list[Claim]:
         skip_trigram_bug_claim(one),
         induction_claim(two),
         repeat_loss_claim(one, two),
-        phase_change_claim(one, two),
+        phase_change_claim(two),
         k_composition_claim(two),
         virtual_head_claim(two),
     ]
