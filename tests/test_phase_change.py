@@ -11,6 +11,7 @@ import pytest
 
 import qkov
 from phase_logs import GRID, ONE_LAYER_LINEAR, log_of, logistic, two_layer
+from qkov.circuits import phase_change as phase_change_module
 from qkov.circuits.phase_change import (
     MAX_WINDOW_DECADES,
     ControlWindow,
@@ -179,3 +180,19 @@ def test_a_broken_log_line_is_named(tmp_path, line, message):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "tokens": 100}\n' + line + "\n")
     with pytest.raises(QkovError, match=message):
         read_training_log(tmp_path)
+
+
+def test_evaluations_a_few_thousandths_of_a_decade_apart_make_no_bump(monkeypatch):
+    """An ``eval_every`` evaluation 0.002 decades after a log-spaced one, its loss 0.02 nats off (the
+    size of the eval noise): the slope over that pair would be 10 nats a decade. The slope skips it,
+    so a loss without a bump still has none; taken over every pair, the spikes make one."""
+    clean = two_layer(bump=0.0)
+    extra = [
+        TrainingPoint(step=row.step, tokens=round(row.tokens * 10**0.002), train_loss=row.train_loss + 0.02)
+        for row in clean[::7]
+    ]
+    noisy = sorted(clean + extra, key=lambda row: row.tokens)
+    assert loss_slope(noisy) == loss_slope(clean)
+    assert "loss_bump" not in phase_change(noisy).signatures
+    monkeypatch.setattr(phase_change_module, "MIN_SLOPE_SPACING", 0.0)
+    assert "loss_bump" in phase_change(noisy).signatures

@@ -49,6 +49,12 @@ MAX_WINDOW_DECADES = 0.7
 MOST_OF_CHANGE = 0.5
 # The window's ends: first passage of 10% and of 90% of the best induction score's rise.
 RISE_START, RISE_END = 0.1, 0.9
+# The loss slope is taken between evaluations at least this far apart (decades): under half the
+# trainer's log spacing (10 a decade; rounded to whole steps 0.08-0.12 apart from step 10), so every
+# log-spaced evaluation counts and an ``eval_every`` one that lands 0.001-0.003 decades from a
+# log-spaced one (steps 1995 and 2000) does not. Over such a pair the slope is the loss's noise over
+# 0.003 decades: a spike in every issue-13 run, which made the bump test find a dip in all of them.
+MIN_SLOPE_SPACING = 0.04
 SIGNATURES = ("induction_score", "icl_score", "loss_bump")
 
 
@@ -134,11 +140,21 @@ def narrowest_window(x: np.ndarray, u: np.ndarray, fraction: float) -> tuple[flo
     return best
 
 
+def spaced(x: np.ndarray, s: np.ndarray, spacing: float) -> tuple[np.ndarray, np.ndarray]:
+    """The knots at least ``spacing`` after the last one kept, from the first (``x`` ascending)."""
+    keep = [0] if len(x) else []
+    for i in range(1, len(x)):
+        if x[i] - x[keep[-1]] >= spacing:
+            keep.append(i)
+    return x[keep], s[keep]
+
+
 def loss_slope(log: list[TrainingPoint]) -> list[tuple[float, float]]:
     """``(tokens, slope)``: the training loss's slope in log tokens, ``d train_loss / d log10(tokens)``,
-    between consecutive evaluations, as the 3-point running mean of those slopes; placed at the
-    geometric middle of the evaluations of the middle slope."""
-    x, loss = signal(log, "train_loss")
+    between consecutive evaluations at least ``MIN_SLOPE_SPACING`` decades apart (:func:`spaced`), as
+    the 3-point running mean of those slopes; placed at the geometric middle of the evaluations of
+    the middle slope."""
+    x, loss = spaced(*signal(log, "train_loss"), MIN_SLOPE_SPACING)
     if len(x) < 4:  # three slopes for one running mean
         return []
     slopes, middles = np.diff(loss) / np.diff(x), (x[1:] + x[:-1]) / 2
