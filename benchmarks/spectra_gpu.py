@@ -7,7 +7,7 @@ all 144 full OV circuits, every one of the 50257 rows of each, streamed in block
 Sized to finish well within 5 minutes on one recent GPU: the matmuls are 46.5 TFLOP in fp32 (TF32
 stays off, torch's default) and the comparisons read 2.5 billion entries per head. Checks one
 head against the CPU (exact there too) and prints the CPU-sampled estimate's interval beside the
-GPU's exact value. Written without a GPU at hand: not yet run.
+GPU's exact value. Its figures on one H200 are in benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -6,15 +6,19 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import qkov
-from qkov.analyze import STEPS, analyze
+from qkov import analyze as analyze_module
+from qkov.analyze import STEPS, analyze, run_steps
+from qkov.circuits import copying
 from qkov.cli import main
 from qkov.report.sections import SECTIONS
 from qkov.results import Results
 
+from conftest import random_model
 from handbuilt import induction_model, skip_trigram_model
 
 
@@ -164,3 +168,38 @@ def test_analyze_with_a_corpus_needs_a_tokenizer(tmp_path, capsys, tiny_corpus):
     with pytest.raises(SystemExit):
         main(["analyze", str(tmp_path / "ckpt"), "--corpus", str(tiny_corpus), "--quiet"])
     assert "needs a checkpoint with a tokenizer" in capsys.readouterr().err
+
+
+def _steps_for(model, corpus) -> list[str]:
+    return [s.name for s in STEPS if s.applies(model.cfg.n_layers, corpus is not None)]
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["whole", "cut to the budgets"])
+@pytest.mark.parametrize("kind", ["hand-built induction", "LayerNorm, MLP, biases", "one layer"])
+def test_no_step_makes_a_tensor_without_saying_where(monkeypatch, kind, cut):
+    """``qkov analyze --device cuda`` computes on the GPU only if no step makes a tensor without a
+    device: such a tensor lands on the default device (the CPU) and meets the model's. This machine
+    has no GPU, so the test makes the default device ``meta`` (tensors without data): a tensor made
+    without a device then fails, or changes a number, and the results differ from a plain run.
+    ``cut``: the budgets shrunk so that every batch is cut, a shorter period drawn and the direct
+    copying measures sampled, so those paths are covered too."""
+    if cut:
+        monkeypatch.setattr(analyze_module, "RERUN_FLOP_BUDGET", 2e5)
+        monkeypatch.setattr(copying, "EXACT_FLOP_BUDGET", {"cpu": 1e4, "cuda": 1e4})
+    gen = np.random.default_rng(0)
+    if kind == "hand-built induction":
+        model = induction_model()
+    elif kind == "one layer":
+        model = skip_trigram_model([(3, 4, 5)])
+    else:
+        cfg = qkov.Config(2, 3, 12, 4, 40, 24, normalization="LN", d_mlp=16, act_fn="gelu_new")
+        model = random_model(cfg, biases=True)
+    d_vocab = model.cfg.d_vocab
+    corpus = (gen.integers(0, d_vocab, 4000), gen.integers(0, d_vocab, 1000))
+    expected = run_steps(model, _steps_for(model, corpus), corpus)
+    with torch.device("meta"):
+        got = run_steps(model, _steps_for(model, corpus), corpus)
+    assert got == expected
+    if cut:
+        assert not got["copying_direct"][0].exact
+        assert "(" in got["term_importance"].tokens  # cut, and says so

@@ -119,9 +119,15 @@ def test_info_on_a_corrupt_checkpoint(capsys, tmp_path):
     [("mps", "only cpu and cuda"), ("tpu", "not a device name")]
     + ([] if torch.cuda.is_available() else [("cuda", "no CUDA device is available")]),
 )
-def test_an_unusable_device_is_one_line(capsys, tmp_path, tiny_corpus, device, message):
+@pytest.mark.parametrize("command", ["train", "analyze", "reproduce"])
+def test_an_unusable_device_is_one_line(capsys, tmp_path, tiny_corpus, device, message, command):
     out = tmp_path / "o"
-    argv = ["train", "--layers", "1", "--out", str(out), "--corpus", str(tiny_corpus), "--vocab-size", "300"]
-    code, _, err = run(capsys, *argv, "--device", device)
+    qkov.save(random_model(qkov.Config(1, 2, 8, 4, 20, 8)), tmp_path / "ckpt")
+    argv = {
+        "train": ["--layers", "1", "--corpus", str(tiny_corpus), "--vocab-size", "300"],
+        "analyze": [str(tmp_path / "ckpt")],
+        "reproduce": ["--quick", "--corpus", str(tiny_corpus)],
+    }[command]
+    code, _, err = run(capsys, command, *argv, "--out", str(out), "--device", device)
     assert_one_line_error(code, err, message)
-    assert not (out / "model.safetensors").exists()
+    assert not out.exists()

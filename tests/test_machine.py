@@ -1,11 +1,21 @@
-"""qkov.machine: the model FLOPs of training and the time estimate ``qkov reproduce`` prints."""
+"""qkov.machine: the devices a command may use, the matmul rate, the model FLOPs of training and
+the time estimate ``qkov reproduce`` prints."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import qkov
-from qkov.machine import TRAINING_UTILISATION, matmul_rate, model_flops_per_token, training_seconds
+from qkov import machine
+from qkov.errors import QkovError
+from qkov.machine import (
+    TRAINING_UTILISATION,
+    compute_device,
+    matmul_rate,
+    model_flops_per_token,
+    training_seconds,
+)
 
 
 def test_model_flops_count_every_matmul_of_a_forward_pass():
@@ -24,6 +34,20 @@ def test_the_estimate_is_three_forward_passes_at_the_measured_share_of_the_rate(
     assert training_seconds(cfg, 10, 2, 2e9) == pytest.approx(seconds / 2)  # twice the rate, half the time
 
 
-def test_the_matmul_rate_is_a_rate():
-    rate = matmul_rate(n=64, reps=2)
-    assert 1e6 < rate < 1e15  # FLOP/s: a small product on any machine
+def test_the_matmul_rate_is_2n3_flop_over_the_best_time(monkeypatch):
+    """With a clock that reads 0, 1, 3, 6, 10, 15, 21, 28 s: the warm-up ends at once (1 s is past
+    its 0.5 s), and the three timed products take 6 - 3, 15 - 10 and 28 - 21 s: the best is 3 s."""
+    readings = iter([0.0, 1.0, 3.0, 6.0, 10.0, 15.0, 21.0, 28.0])
+    monkeypatch.setattr(machine, "perf_counter", lambda: next(readings))
+    assert matmul_rate(n=64, reps=3) == 2 * 64**3 / 3.0
+
+
+def test_a_device_that_is_not_here_is_one_line():
+    assert compute_device("cpu") == torch.device("cpu")
+    with pytest.raises(QkovError, match="only cpu and cuda"):
+        compute_device("mps")
+    with pytest.raises(QkovError, match="not a device name"):
+        compute_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(QkovError, match="no CUDA device is available here"):
+            compute_device("cuda:0")

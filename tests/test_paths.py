@@ -228,3 +228,19 @@ def test_gpt2_style_term_importance_equals_the_loss_of_path_sums(d_mlp, n_layers
     for order in range(n_layers + 1):
         kept = sum(t for p, t in terms.items() if heads_on(p) <= order)
         assert result.loss_by_order[order] == pytest.approx(ce(kept, tokens), rel=1e-10)
+
+
+@pytest.mark.parametrize("by", ["path", "order"])
+def test_path_expansion_makes_no_tensor_without_saying_where(by):
+    """On a GPU, a term made on the default device would meet the model's (see
+    ``test_no_step_makes_a_tensor_without_saying_where``): with the default device ``meta``, the
+    expansion of a model with biases, LayerNorm and MLPs is the same as without."""
+    cfg = small_config(normalization="LN", d_mlp=8, act_fn="gelu_new")
+    model = random_model(cfg, biases=True).double()
+    tokens = tokens_for(model)
+    expected = qkov.path_expansion(model, tokens, by=by)
+    with torch.device("meta"):
+        got = qkov.path_expansion(model, tokens, by=by)
+    assert got.keys() == expected.keys() and "bias" in got
+    for key, term in expected.items():
+        assert torch.equal(got[key], term), key

@@ -57,6 +57,7 @@ from qkov.data.random_tokens import repeated_random_tokens
 from qkov.data.tokens import cached_tokens, sample_windows
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
+from qkov.machine import compute_device
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, hook_name
 from qkov.report import render_report
@@ -114,7 +115,8 @@ class Context:
     that fit ``REPEATED_CACHE_BYTES``), ``example`` (one such sequence of at most
     ``PATTERN_EXAMPLE_LENGTH`` tokens) and, with a corpus, ``snippet`` (one eval window) and ``text``
     (``REPEAT_BATCH`` eval windows). Steps that rerun the model many times take a part of these
-    within ``RERUN_FLOP_BUDGET`` (:meth:`rerun_batch`, :meth:`rerun_text`)."""
+    within ``RERUN_FLOP_BUDGET`` (:meth:`rerun_batch`, :meth:`rerun_text`). They are drawn on the
+    CPU, so they are the same tokens whatever the model's device, and then moved there."""
 
     model: AttnOnlyTransformer
     corpus: tuple[np.ndarray, np.ndarray] | None  # train and eval token arrays
@@ -131,12 +133,14 @@ class Context:
         full, cache = (REPEAT_BATCH, self.period), partial(cache_bytes, cfg)
         sequences, self.period = batch_shape(full, REPEATS, cache, REPEATED_CACHE_BYTES)
         drawn = repeated_random_tokens(REPEAT_BATCH, self.period, REPEATS, cfg.d_vocab, generator)
-        self.repeated = drawn[:sequences]
-        self.example = repeated_random_tokens(1, self.example_period, REPEATS, cfg.d_vocab, generator)[0]
+        device = self.model.device
+        self.repeated = drawn[:sequences].to(device)
+        example = repeated_random_tokens(1, self.example_period, REPEATS, cfg.d_vocab, generator)
+        self.example = example[0].to(device)
         if self.corpus is not None:
             length = min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx)
-            self.snippet = sample_windows(self.corpus[1], 1, length, generator)[0]
-            self.text = sample_windows(self.corpus[1], REPEAT_BATCH, cfg.n_ctx, generator)
+            self.snippet = sample_windows(self.corpus[1], 1, length, generator)[0].to(device)
+            self.text = sample_windows(self.corpus[1], REPEAT_BATCH, cfg.n_ctx, generator).to(device)
 
     def rerun_batch(self, cost: Callable[[int], float]) -> tuple[torch.Tensor, int]:
         """``(tokens, period)`` for a step that costs ``cost(length)`` FLOP per token: ``repeated``
@@ -147,7 +151,8 @@ class Context:
         if period == self.period:
             return self.repeated[:sequences], period
         generator = torch.Generator().manual_seed(self.seed + 1)
-        return repeated_random_tokens(sequences, period, REPEATS, cfg.d_vocab, generator), period
+        tokens = repeated_random_tokens(sequences, period, REPEATS, cfg.d_vocab, generator)
+        return tokens.to(self.model.device), period
 
     def rerun_text(self, cost: Callable[[int], float]) -> torch.Tensor:
         """The first of the ``text`` windows, and their first positions, that fit
@@ -282,7 +287,7 @@ def position_content_step(ctx: Context) -> dict[str, dict[str, float]] | None:
         return None
     rms = qk_term_rms(ctx.model)
     return {
-        term: {head_name(layer, head): float(v) for (layer, head), v in np.ndenumerate(values.numpy())}
+        term: {head_name(layer, head): float(v) for (layer, head), v in np.ndenumerate(values.cpu().numpy())}
         for term, values in rms.items()
     }
 
@@ -355,7 +360,7 @@ def composition_step(ctx: Context) -> Composition:
     pairs = {
         kind: [
             CompositionPair(head_name(l1, h1), head_name(l2, h2), float(raw), baseline, float(raw) - baseline)
-            for (l1, h1, l2, h2), raw in np.ndenumerate(scores.numpy())
+            for (l1, h1, l2, h2), raw in np.ndenumerate(scores.cpu().numpy())
             if not math.isnan(raw)
         ]
         for kind, scores in all_raw_composition_scores(ctx.model, KINDS).items()
@@ -428,7 +433,8 @@ def analyze(
 ) -> Results:
     """Run every step that applies to the model. ``corpus_tokens`` (train and eval arrays, in the
     model's tokenizer) adds the bigram comparison, marks skip-trigram bugs that never occur, and
-    gives the text for term importance; without it term importance uses repeated random tokens."""
+    gives the text for term importance; without it term importance uses repeated random tokens.
+    Every step computes where the model's weights are (``model.to("cuda")`` to analyse on a GPU)."""
     cfg = model.cfg
     steps = [s.name for s in STEPS if s.applies(cfg.n_layers, corpus_tokens is not None)]
     done = run_steps(model, steps, corpus_tokens, seed, show_progress)
@@ -486,9 +492,11 @@ def analyze_checkpoint(
     corpus: list[str] | None = None,
     seed: int = 0,
     show_progress: bool = True,
+    device: str = "cpu",
 ) -> Results:
-    """``qkov analyze``: load, analyse, write ``out/results.json`` and ``out/report.html``."""
-    model = load(checkpoint)
+    """``qkov analyze``: load, analyse on ``device``, write ``out/results.json`` and
+    ``out/report.html``."""
+    model = load(checkpoint).to(compute_device(device))
     corpus_tokens = corpus_token_arrays(corpus, model.tokenizer) if corpus else None
     results = analyze(model, corpus_tokens, read_training_log(Path(checkpoint)), show_progress, seed)
     out.mkdir(parents=True, exist_ok=True)

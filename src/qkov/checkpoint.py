@@ -133,9 +133,10 @@ def load_tokenizer(path: str | os.PathLike, d_vocab: int | None = None) -> Token
 
 
 def model_from_tensors(cfg: Config, tensors: dict[str, torch.Tensor], source: str) -> Transformer:
-    """A model holding exactly ``tensors`` (validated), in their floating dtype."""
+    """A model holding exactly ``tensors`` (validated), in their floating dtype, on their device."""
     biases = check_weights(cfg, tensors, source)
-    model = Transformer(cfg, biases=biases, init=False).to(tensors["W_E"].dtype)
+    with torch.device(tensors["W_E"].device):
+        model = Transformer(cfg, biases=biases, init=False).to(tensors["W_E"].dtype)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, param in params.items():

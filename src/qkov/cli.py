@@ -30,7 +30,7 @@ def add_corpus_argument(p: argparse.ArgumentParser, help: str) -> None:
 
 def common_options(device_help: str | None) -> argparse.ArgumentParser:
     """The options every long-running command shares: ``--seed``, ``--threads``, ``--quiet`` and,
-    where the command trains, ``--device``."""
+    where the command computes on a chosen device, ``--device``."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores; for train, per process)")
@@ -41,6 +41,7 @@ def common_options(device_help: str | None) -> argparse.ArgumentParser:
 
 
 TRAIN_DEVICE = "where to train: cpu (default), cuda, cuda:1, ..."
+ANALYZE_DEVICE = "where to analyse: cpu (default), cuda, cuda:1, ... (the same numbers, to float rounding)"
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -94,7 +95,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 def train_command(args: argparse.Namespace) -> None:
     from qkov.distributed import launched_by_torchrun, process_group
-    from qkov.train import Trainer, training_device
+    from qkov.machine import compute_device
+    from qkov.train import Trainer
 
     if args.nproc < 1:
         raise QkovError(f"--nproc must be at least 1, got {args.nproc}")
@@ -104,7 +106,7 @@ def train_command(args: argparse.Namespace) -> None:
         prepare_run(args)  # errors found here, once; the workers read the cached tokens
         launch_workers(args)
         return
-    device = training_device(args.device)
+    device = compute_device(args.device)
     with process_group(device) as processes:
         if not processes.is_main:  # the cache is filled by rank 0 first, read by the others
             processes.barrier()
@@ -250,7 +252,7 @@ def schema_command(args: argparse.Namespace) -> None:
 def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "analyze",
-        parents=[common_options(None)],
+        parents=[common_options(ANALYZE_DEVICE)],
         help="run every analysis for a checkpoint's depth; write results.json and report.html",
         description="Run every analysis that applies to the checkpoint's depth and write "
         "DIR/results.json and DIR/report.html.",
@@ -270,7 +272,7 @@ def analyze_command(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     out = Path(args.out) if args.out else Path(args.checkpoint) / "analysis"
     results = analyze_checkpoint(
-        args.checkpoint, out, args.corpus, seed=args.seed, show_progress=not args.quiet
+        args.checkpoint, out, args.corpus, seed=args.seed, show_progress=not args.quiet, device=args.device
     )
     for line in summary_lines(results):
         console.print(line, highlight=False)
@@ -334,7 +336,7 @@ def import_command(args: argparse.Namespace) -> None:
 def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce",
-        parents=[common_options(TRAIN_DEVICE + " (analysis runs on the CPU)")],
+        parents=[common_options("where to train and analyse: cpu (default), cuda, cuda:1, ...")],
         help="train 0/1/2-layer models, analyse them, check the paper's claims, write a report",
         description="Train the 0-, 1- and 2-layer models with the measured defaults (reusing finished "
         "and resuming interrupted runs in DIR), analyse each, and write DIR/results.json and "

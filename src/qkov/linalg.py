@@ -298,15 +298,15 @@ class FactoredMatrix:
         A = self.A.reshape(-1, self.m, self.r)
         B = self.B.reshape(-1, self.r, self.n)
         step = self._rows_per_block(memory_bytes)
-        buffer = torch.empty(step, self.n, dtype=self.dtype)
+        buffer = torch.empty(step, self.n, dtype=self.dtype, device=self.A.device)
         found = [self._topk_one(a, b, k, largest, buffer) for a, b in zip(A, B, strict=True)]
         values = torch.stack([v for v, _ in found]).reshape(*self.batch_shape, k)
         index = torch.stack([i for _, i in found]).reshape(*self.batch_shape, k)
         return TopK(values, index // self.n, index % self.n)
 
     def _topk_one(self, a: Tensor, b: Tensor, k: int, largest: bool, buffer: Tensor) -> tuple[Tensor, Tensor]:
-        best_values = torch.empty(0, dtype=self.dtype)
-        best_index = torch.empty(0, dtype=torch.long)
+        best_values = torch.empty(0, dtype=self.dtype, device=buffer.device)
+        best_index = torch.empty(0, dtype=torch.long, device=buffer.device)
         per_row = min(k, self.n)
         for start in range(0, self.m, buffer.shape[0]):
             rows_a = a[start : start + buffer.shape[0]]
@@ -320,7 +320,7 @@ class FactoredMatrix:
                     continue
                 values, cols = block[rows].topk(per_row, dim=-1, largest=largest)
             else:
-                rows = torch.arange(block.shape[0])
+                rows = torch.arange(block.shape[0], device=block.device)
                 values, cols = block.topk(per_row, dim=-1, largest=largest)
             index = (start + rows)[:, None] * self.n + cols
             values = torch.cat([best_values, values.reshape(-1)])
@@ -374,7 +374,7 @@ def numerical_rank(S: Float[Tensor, "... k"], m: int, n: int) -> Int[Tensor, "..
     """How many singular values ``S`` (of an ``m x n`` matrix) exceed ``S.max() * max(m, n) * eps``,
     the tolerance of a dense ``torch.linalg.matrix_rank``."""
     if S.shape[-1] == 0:
-        return torch.zeros(S.shape[:-1], dtype=torch.long)
+        return torch.zeros(S.shape[:-1], dtype=torch.long, device=S.device)
     tol = S.amax(-1, keepdim=True) * max(m, n) * torch.finfo(S.dtype).eps
     return (S > tol).sum(-1)
 
@@ -399,14 +399,14 @@ def outer_root(X: Float[Tensor, "m d"]) -> Float[Tensor, "k d"]:
 def wide_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
     """``X^T X`` in the wider precision of :data:`WIDER`, ``GRAM_ROWS`` rows widened at a time."""
     m, d = X.shape
-    gram = torch.zeros(d, d, dtype=WIDER[X.dtype])
+    gram = torch.zeros(d, d, dtype=WIDER[X.dtype], device=X.device)
     # one buffer, reused (no fresh pages per block), laid out as X is: a transposed view (W_U^T) is
     # copied along its contiguous columns, 4x faster than into rows
     rows = min(GRAM_ROWS, m)
     if X.stride(0) == 1 and d > 1:
-        buffer = torch.empty(d, rows, dtype=gram.dtype).mT
+        buffer = torch.empty(d, rows, dtype=gram.dtype, device=X.device).mT
     else:
-        buffer = torch.empty(rows, d, dtype=gram.dtype)
+        buffer = torch.empty(rows, d, dtype=gram.dtype, device=X.device)
     for start in range(0, m, GRAM_ROWS):
         _add_upper_gram(gram, buffer[: min(GRAM_ROWS, m - start)].copy_(X[start : start + GRAM_ROWS]))
     return gram.triu() + gram.triu(1).mT

@@ -1,5 +1,6 @@
-"""What a run costs on this machine: its matmul rate, the model FLOPs of training, and from the two an
-estimate of the whole ``qkov reproduce`` run's time, which it prints before it starts.
+"""What this machine has and what a run costs on it: the devices a command may compute on, its matmul
+rate, the model FLOPs of training, and from the two an estimate of the whole ``qkov reproduce``
+run's time, which it prints before it starts.
 
 Training a small attention-only model is bound by its matrix multiplications, so its time scales
 with the machine's fp32 matmul rate; the measured share of that rate the trainer reaches
@@ -8,11 +9,12 @@ over a whole run (``TRAINING_UTILISATION``, measured) turns FLOPs into seconds.
 
 from __future__ import annotations
 
-import time
+from time import perf_counter
 
 import torch
 
 from qkov.config import Config
+from qkov.errors import QkovError
 
 # The model FLOPs of training per second of the whole ``qkov reproduce`` run (tokenizer, evaluations,
 # checkpoints and analyses included), as a share of the fp32 matmul rate with all threads: 0.41 on
@@ -22,6 +24,22 @@ TRAINING_UTILISATION = 0.41
 WARM_UP_S = 0.5  # of matmuls before timing: a cold start once read half the rate (86 against 180)
 
 
+def compute_device(name: str) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... checked against this machine, with one clear error
+    for what is not here (``--device`` of ``train``, ``analyze`` and ``reproduce``)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise QkovError(f"--device {name!r}: not a device name (cpu, cuda, cuda:1, ...)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise QkovError(f"--device {name}: only cpu and cuda are supported")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise QkovError(f"--device {name}: no CUDA device is available here")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise QkovError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
 def matmul_rate(
     dtype: torch.dtype = torch.float32, n: int = 2048, device: str = "cpu", reps: int = 5
 ) -> float:
@@ -29,17 +47,17 @@ def matmul_rate(
     best of ``reps`` after ``WARM_UP_S`` seconds of the same products."""
     a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
-    warm_until = time.perf_counter() + WARM_UP_S
-    while time.perf_counter() < warm_until:
+    warm_until = perf_counter() + WARM_UP_S
+    while perf_counter() < warm_until:
         a @ b
         sync()
     best = float("inf")
     for _ in range(reps):
         sync()
-        started = time.perf_counter()
+        started = perf_counter()
         a @ b
         sync()
-        best = min(best, time.perf_counter() - started)
+        best = min(best, perf_counter() - started)
     return 2 * n**3 / best
 
 

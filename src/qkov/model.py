@@ -247,12 +247,17 @@ class Transformer(nn.Module):
             init_weights(self, torch.Generator().manual_seed(0))
 
     @property
+    def device(self) -> torch.device:
+        """Where the weights are (every analysis computes there)."""
+        return self.W_E.device
+
+    @property
     def has_biases(self) -> bool:
         return self.b_U is not None
 
     def check_tokens(self, tokens: Tensor, max_pos: int | None = None) -> Int[Tensor, "batch pos"]:
         """Validate a batch of token ids (at most ``max_pos``, default ``n_ctx``, per sequence),
-        with a clear error for what does not fit the model."""
+        with a clear error for what does not fit the model, and move it to the model's device."""
         max_pos = max_pos or self.cfg.n_ctx
         if not isinstance(tokens, Tensor):
             tokens = torch.as_tensor(tokens)
@@ -271,7 +276,7 @@ class Transformer(nn.Module):
                 f"token ids must lie in [0, {self.cfg.d_vocab}), got range "
                 f"[{int(tokens.min())}, {int(tokens.max())}]"
             )
-        return tokens.long()
+        return tokens.long().to(self.device)
 
     def embed(
         self, tokens: Int[Tensor, "batch pos"]
@@ -423,7 +428,7 @@ def init_weights(model: Transformer, generator: torch.Generator) -> None:
     cfg = model.cfg
 
     def normal_(param: Tensor, std: float) -> None:
-        param.copy_(torch.randn(param.shape, generator=generator) * std)
+        param.copy_(torch.randn(param.shape, generator=generator, device=generator.device) * std)
 
     normal_(model.W_E, 1.0)
     if model.W_pos is not None:

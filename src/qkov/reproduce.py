@@ -22,7 +22,7 @@ from qkov.claims import evaluate_claims
 from qkov.data.corpus import read_corpus
 from qkov.data.tokens import cached_tokenizer, cached_tokens
 from qkov.io import atomic_write_text
-from qkov.machine import matmul_rate, training_seconds
+from qkov.machine import compute_device, matmul_rate, training_seconds
 from qkov.recipes import Recipe, recipe
 from qkov.report import render_report
 from qkov.results import ModelTiming, Reproduction, write_results
@@ -57,7 +57,7 @@ def train_depth(
 ):
     cfg, train_cfg = r.override(seed=seed).configs(tokenizer.get_vocab_size())
     trainer = Trainer(cfg, train_cfg, data, out, tokenizer, device)
-    return trainer.run(resume=True, show_progress=show_progress).cpu()
+    return trainer.run(resume=True, show_progress=show_progress)  # on the device: analysed there
 
 
 def reproduce(
@@ -69,6 +69,7 @@ def reproduce(
     device: str = "cpu",
 ) -> Reproduction:
     started = time.perf_counter()
+    compute_device(device)  # before any work: an unusable device is one line
     recipes = [quick_recipe(n) if quick else recipe(n) for n in DEPTHS]
     announce_estimate(recipes, device)
     text = read_corpus(corpus)

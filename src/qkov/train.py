@@ -66,6 +66,7 @@ from qkov.data.tokens import TokenSplits, sample_windows, window_starts, windows
 from qkov.errors import QkovError
 from qkov.io import atomic_write, atomic_write_text
 from qkov.loss import token_losses
+from qkov.machine import compute_device
 from qkov.model import AttnOnlyTransformer, init_weights
 
 STATE_FILE = "training_state.safetensors"
@@ -158,19 +159,6 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
-def training_device(name: str) -> torch.device:
-    """``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... checked, with one clear error for what is not here."""
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise QkovError(f"--device {name!r}: not a device name (cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise QkovError(f"--device {name}: no CUDA device is available here")
-    if device.type not in ("cpu", "cuda"):
-        raise QkovError(f"--device {name}: only cpu and cuda are supported")
-    return device
-
-
 class StopRequest:
     """Turns Ctrl-C into a request that the loop honours between steps, after a checkpoint, so an
     interrupted run is always resumable from the step it reached."""
@@ -228,7 +216,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.train_cfg, self.data, self.out = cfg, train_cfg, data, Path(out)
         self.processes = distributed.current()
-        self.device = distributed.worker_device(training_device(device), self.processes)
+        self.device = distributed.worker_device(compute_device(device), self.processes)
         self.tokenizer = tokenizer
         self.grad_accum = grad_accum
         self.compile = compile

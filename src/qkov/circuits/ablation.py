@@ -170,7 +170,8 @@ def _ablated_from(
     logits, cache = model.run_with_cache(tokens, edit_writes=edit, start=(layer, resid))
     targets = tokens[:, 1:].repeat(n, 1)
     losses = token_losses(logits[:, :-1], targets).unflatten(0, (n, batch))  # [runs, batch, pos - 1]
-    induction = torch.full((n, model.cfg.n_layers, model.cfg.n_heads), torch.nan, dtype=logits.dtype)
+    shape = (n, model.cfg.n_layers, model.cfg.n_heads)
+    induction = torch.full(shape, torch.nan, dtype=logits.dtype, device=logits.device)
     for later in range(layer, model.cfg.n_layers):
         pattern = cache[hook_name(later, "pattern")].unflatten(0, (n, batch))
         induction[:, later] = pattern_offset_attention(pattern, period - 1, period)

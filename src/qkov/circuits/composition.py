@@ -88,9 +88,8 @@ def all_raw_composition_scores(
         for kind in kinds:
             reads, partner = {"Q": ("Q", "K"), "K": ("K", "Q"), "V": ("V", "O")}[kind]
             reader_norm = ov_norm if kind == "V" else fro(R["Q"] @ R["K"].mT)
-            out = torch.full(
-                (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), math.nan, dtype=left.dtype
-            )
+            shape = (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads)
+            out = torch.full(shape, math.nan, dtype=left.dtype, device=left.device)
             for layer_to in range(1, cfg.n_layers):
                 right = rearrange(W[reads][layer_to] @ R[partner][layer_to].mT, "h d f -> d (h f)")
                 # every pair (h1 in an earlier layer, h2 in layer_to) in one matrix product, whose
@@ -125,7 +124,8 @@ def composition_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMP
     scores = []
     for start in range(0, samples, 25):  # in chunks: bounded memory at GPT-2 shapes
         n = min(25, samples - start)
-        X1, Y1T, X2, Y2T = (torch.randn(n, d_model, d_head, generator=generator) for _ in range(4))
+        draws = (torch.randn(n, d_model, d_head, generator=generator, device="cpu") for _ in range(4))
+        X1, Y1T, X2, Y2T = draws
         R_X1, R_Y1, R_X2, R_Y2 = (_gram_root(M) for M in (X1, Y1T, X2, Y2T))
         numerator = fro(R_X1 @ Y1T.mT @ X2 @ R_Y2.mT)  # ‖X1 Y1 X2 Y2‖ = ‖R_X1 Y1 X2 R_Y2^T‖
         scores.append(numerator / (fro(R_X1 @ R_Y1.mT) * fro(R_X2 @ R_Y2.mT)))
@@ -181,7 +181,8 @@ def k_composition_positivity(
     once, so nothing vocabulary-sized, and nothing ``d_model x d_model`` per pair, is built."""
     model = circuit_model(model)
     cfg = model.cfg
-    out = torch.full((cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), math.nan, dtype=torch.float64)
+    shape = (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads)
+    out = torch.full(shape, math.nan, dtype=torch.float64, device=model.device)
     with torch.no_grad():
         W_E = model.W_E.double()
         gram = W_E.mT @ W_E
@@ -207,10 +208,10 @@ def k_composition_positivity(
 
 
 def _eigvals(matrices: Float[Tensor, "batch k k"]) -> Complex[Tensor, "batch k"]:
-    """``torch.linalg.eigvals`` of a batch split across torch's threads (each LAPACK call is
-    sequential; the same results, in half the time on 2 cores)."""
+    """``torch.linalg.eigvals`` of a batch split across torch's threads on the CPU (each LAPACK call
+    is sequential; the same results, in half the time on 2 cores); one call elsewhere."""
     threads = max(1, min(torch.get_num_threads(), len(matrices)))
-    if threads == 1:
+    if threads == 1 or matrices.device.type != "cpu":
         return torch.linalg.eigvals(matrices)
     with ThreadPoolExecutor(threads) as pool:
         return torch.cat(list(pool.map(torch.linalg.eigvals, matrices.chunk(threads))))

@@ -82,8 +82,8 @@ def random_copying_scores(
         return eigenvalue_positivity(torch.linalg.eigvals(small))
     scores = []
     for _ in range(n_samples):  # one sample at a time
-        A = torch.randn(fm.m, fm.r, generator=generator, dtype=torch.float64)
-        B = torch.randn(fm.r, fm.n, generator=generator, dtype=torch.float64)
+        A = torch.randn(fm.m, fm.r, generator=generator, dtype=torch.float64, device="cpu")
+        B = torch.randn(fm.r, fm.n, generator=generator, dtype=torch.float64, device="cpu")
         scores.append(copying_score(FactoredMatrix(A, B)))
     return torch.stack(scores)
 
@@ -104,7 +104,7 @@ def _reordered_gaussian_products(
     decomposition gives it as ``L L^T`` with ``L`` lower triangular, ``L_ii^2 ~ chi^2(m - i)``
     (``i = 0 .. r-1``) and ``N(0, 1)`` below the diagonal, so ``S = L^T``. The numbers come from a
     NumPy generator seeded from ``generator``."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device="cpu"))
     rng = np.random.default_rng(seed)
     L = np.tril(rng.standard_normal((n_samples, r, r)), -1)
     L[:, np.arange(r), np.arange(r)] = np.sqrt(rng.chisquare(m - np.arange(r), size=(n_samples, r)))
@@ -144,23 +144,26 @@ class DirectCopying:
 def direct_copying(
     model: AttnOnlyTransformer,
     sample_rows: int | None = None,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
     generator: torch.Generator | None = None,
     progress: bool = True,
 ) -> list[DirectCopying]:
     """Every head's :class:`DirectCopying`, layer by layer. ``sample_rows=None`` scores every row
     (exact; ``2 d_vocab^2 d_head`` FLOP per head, 46 TFLOP for GPT-2 small: use a GPU,
-    ``device="cuda"``); an integer scores that many rows drawn without replacement (the same rows for
-    every head, from ``generator``), each row exact, with a confidence interval. Rows stream in
-    blocks (a progress bar on stderr unless ``progress=False``); no ``d_vocab x d_vocab`` matrix
-    and no ``[heads, d_vocab, d_head]`` factor is built."""
+    ``device="cuda"``; by default the model's device); an integer scores that many rows drawn
+    without replacement (the same rows for every head, from ``generator``), each row exact, with a
+    confidence interval. Rows stream in blocks (a progress bar on stderr unless ``progress=False``);
+    no ``d_vocab x d_vocab`` matrix and no ``[heads, d_vocab, d_head]`` factor is built."""
     ov = shared_full_ov_circuit(model)
     d_vocab = ov.m
     if sample_rows is not None and sample_rows < 1:
         raise QkovError(f"sample_rows must be a positive number of rows, got {sample_rows}")
     exact = sample_rows is None or sample_rows >= d_vocab
-    rows = torch.arange(d_vocab) if exact else torch.randperm(d_vocab, generator=generator)[:sample_rows]
-    device = torch.device(device)
+    if exact:
+        rows = torch.arange(d_vocab, device="cpu")
+    else:
+        rows = torch.randperm(d_vocab, generator=generator, device="cpu")[:sample_rows]
+    device = model.device if device is None else torch.device(device)
     diagonal_mean, diagonal_z, ranks = diagonal_and_ranks(ov, rows.sort().values, device, progress)
     n_layers, n_heads = ov.batch_shape
     out = []
@@ -182,9 +185,9 @@ def direct_copying(
 
 
 def default_direct_copying(model: AttnOnlyTransformer, progress: bool = False) -> list[DirectCopying]:
-    """:func:`direct_copying` as ``qkov analyze`` runs it: exact within the CPU's FLOP budget, else
-    on rows sampled with seed 0 (:func:`sample_rows_for`)."""
-    rows = sample_rows_for(model.cfg)
+    """:func:`direct_copying` as ``qkov analyze`` runs it, on the model's device: exact within that
+    device's FLOP budget, else on rows sampled with seed 0 (:func:`sample_rows_for`)."""
+    rows = sample_rows_for(model.cfg, model.device)
     return direct_copying(model, rows, generator=torch.Generator().manual_seed(0), progress=progress)
 
 
@@ -310,18 +313,22 @@ def copying_analysis(
     given, else computed: exact within ``EXACT_FLOP_BUDGET``, else from sampled rows:
     :func:`sample_rows_for`), all without building a ``d_vocab x d_vocab`` matrix."""
     ov = shared_full_ov_circuit(model)
-    eigenvalues = ov.to(torch.float64).eigenvalues()
+    eigenvalues = ov.to(torch.float64).eigenvalues().cpu()
     baseline = random_copying_scores(ov[0, 0].factored(), baseline_samples, torch.Generator().manual_seed(0))
     if direct is None:
         direct = default_direct_copying(model)
     shape = ov.batch_shape
+
+    def per_head(values: list[float]) -> Tensor:
+        return torch.tensor(values, dtype=torch.float64, device="cpu").reshape(shape)
+
     return CopyingAnalysis(
         scores=eigenvalue_positivity(eigenvalues),
         eigenvalues=eigenvalues,
         baseline=baseline,
         threshold=float(baseline.quantile(0.99)),
-        self_top1=torch.tensor([d.self_top1 for d in direct], dtype=torch.float64).reshape(shape),
-        diagonal_z=torch.tensor([d.diagonal_z for d in direct], dtype=torch.float64).reshape(shape),
+        self_top1=per_head([d.self_top1 for d in direct]),
+        diagonal_z=per_head([d.diagonal_z for d in direct]),
     )
 
 

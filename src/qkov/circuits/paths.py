@@ -137,7 +137,7 @@ def _bias_part(model: AttnOnlyTransformer, frozen: Frozen, shape: torch.Size) ->
     """The logits the frozen model gives on an all-zero embedding with every MLP write left out
     (those are terms of their own): everything that starts at a bias (``b_V``, ``b_O``, ``b_U``,
     LayerNorm's ``b``). The frozen model is affine; this is its constant part."""
-    resid = torch.zeros(shape, dtype=model.W_E.dtype)
+    resid = torch.zeros(shape, dtype=model.W_E.dtype, device=model.device)
     for layer, block in enumerate(model.blocks):
         x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), resid)
         writes, _ = block.attn.head_writes(x, None, frozen.patterns[layer])

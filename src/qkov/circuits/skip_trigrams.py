@@ -71,7 +71,8 @@ def head_circuits(
     model: AttnOnlyTransformer, layer: int, head: int, allowed: Bool[Tensor, "d_vocab"] | None = None
 ) -> HeadCircuits:
     with torch.no_grad():
-        tokens = torch.arange(model.cfg.d_vocab) if allowed is None else allowed.nonzero().squeeze(1)
+        every = torch.arange(model.cfg.d_vocab, device=model.device)
+        tokens = every if allowed is None else allowed.to(model.device).nonzero().squeeze(1)
         if tokens.numel() == 0:
             raise QkovError("no tokens left to search for skip-trigrams")
         qk = full_qk_circuit(model)[layer, head].to(torch.float64)
@@ -89,8 +90,8 @@ def strongest_skip_trigrams(circuits: HeadCircuits, k: int = 50) -> list[SkipTri
     per_source = min(k, n)
     qk_values, dests = circuits.qk.T.topk_per_row(per_source)  # [source, per_source]
     ov_values, outs = circuits.ov.topk_per_row(per_source)
-    best_values = torch.empty(0, dtype=torch.float64)
-    best_index = torch.empty(0, dtype=torch.long)
+    best_values = torch.empty(0, dtype=torch.float64, device=qk_values.device)
+    best_index = torch.empty(0, dtype=torch.long, device=qk_values.device)
     for start in range(0, n, SOURCE_BLOCK):
         q, o = qk_values[start : start + SOURCE_BLOCK], ov_values[start : start + SOURCE_BLOCK]
         product = q[:, :, None] * o[:, None, :]  # [sources, dest rank, out rank]

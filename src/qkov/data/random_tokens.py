@@ -22,7 +22,7 @@ def repeated_random_tokens(
         raise QkovError(f"repeated random tokens need length >= 2 and repeats >= 2, got {length}, {repeats}")
     if d_vocab < 2:
         raise QkovError("repeated random tokens need a vocabulary of at least 2 tokens")
-    block = torch.randint(1, d_vocab, (batch_size, length), generator=generator)
+    block = torch.randint(1, d_vocab, (batch_size, length), generator=generator, device=generator.device)
     return block.repeat(1, repeats)
 
 

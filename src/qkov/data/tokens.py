@@ -100,7 +100,8 @@ def window_starts(n_tokens: int, batch_size: int, length: int, generator: torch.
     ``n_tokens``: drawn for the whole global batch, so that every process draws the same ones."""
     if n_tokens < length:
         raise QkovError(f"corpus split has {n_tokens} tokens, fewer than one window of {length}")
-    return torch.randint(0, n_tokens - length + 1, (batch_size,), generator=generator).tolist()
+    last = n_tokens - length
+    return torch.randint(0, last + 1, (batch_size,), generator=generator, device=generator.device).tolist()
 
 
 def windows_at(tokens: np.ndarray, starts: list[int], length: int) -> torch.Tensor:
