@@ -10,13 +10,20 @@ Measurements alternate between the two (qkov, TL, qkov, TL, ...) so that a noisy
 alike; the figure is the median over repetitions. Model FLOPs utilisation (MFU) is the model's
 matmul FLOPs per second over the matmul rate, in the same precision, measured in the same run.
 
+``--compile`` adds qkov's training step as ``qkov train --compile`` runs it (the loss module through
+``torch.compile``, on a copy of the same model), compiled during the warm-up, so the figure is the
+compiled steps' speed after compiling; the compile time is printed on its own.
+
     python benchmarks/train_throughput.py            # the issue's config, 1 thread
     python benchmarks/train_throughput.py --threads 2 --dtype bf16
+    python benchmarks/train_throughput.py --threads 2 --compile --d-model 128 --n-heads 4 --d-head 32 \
+        --vocab-size 2048 --n-ctx 128 --batch-size 8       # the default 2-layer model, compiled or not
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -24,6 +31,7 @@ import torch
 
 import qkov
 from qkov.machine import matmul_rate, model_flops_per_token
+from qkov.train import NextTokenLoss
 
 
 def timed(fn) -> float:
@@ -49,6 +57,7 @@ def main() -> None:
         default="fp32",
         help="bf16 = torch.autocast to bfloat16 for both libraries",
     )
+    parser.add_argument("--compile", action="store_true", help="also qkov's step through torch.compile")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -91,8 +100,15 @@ def main() -> None:
         ("forward", "qkov"): forward(ours),
         ("forward", "TransformerLens"): forward(theirs),
     }
-    for fn in runs.values():  # warm-up
-        fn()
+    if args.compile:
+        twin = copy.deepcopy(ours)
+        compiled = torch.compile(NextTokenLoss(twin))
+        optimizer = torch.optim.AdamW(twin.parameters(), lr=1e-3)
+        runs["train", "qkov compiled"] = train_step(twin, optimizer, lambda: compiled(windows))
+    for key, fn in runs.items():  # warm-up (and compiling)
+        seconds = timed(fn)
+        if key[1] == "qkov compiled":
+            print(f"torch.compile: the first step took {seconds:.1f} s")
     times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
     for _ in range(args.reps):
         for key, fn in runs.items():
@@ -112,6 +128,11 @@ def main() -> None:
             mfu = value * flops * mult / rate
             print(f"{kind:8s} {lib:16s} {value:9.0f} tokens/s   MFU {100 * mfu:5.1f}%")
         print(f"{kind:8s} ratio qkov / TransformerLens: {tps['qkov'] / tps['TransformerLens']:.2f}x")
+    if args.compile:
+        compiled_tps = n_tokens / statistics.median(times[("train", "qkov compiled")])
+        eager_tps = n_tokens / statistics.median(times[("train", "qkov")])
+        ratio = compiled_tps / eager_tps
+        print(f"train    qkov compiled    {compiled_tps:9.0f} tokens/s   {ratio:.2f}x qkov eager")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ from safetensors.torch import load_file
 import qkov
 from qkov.data.corpus import read_corpus
 from qkov.data.tokens import TokenSplits, cached_tokenizer, cached_tokens
-from qkov.train import STATE_FILE, TrainConfig, Trainer, icl_positions, log_spaced_steps
+from qkov.train import STATE_FILE, NextTokenLoss, TrainConfig, Trainer, icl_positions, log_spaced_steps
+
+from conftest import random_model
 
 TINY = [
     "--d-model",
@@ -276,3 +278,15 @@ def test_same_seed_and_threads_give_byte_identical_checkpoints(tmp_path):
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name
+
+
+@pytest.mark.parametrize("n_layers", [0, 2])
+def test_torch_compile_traces_the_training_step_in_one_graph(n_layers):
+    """``qkov train --compile``: the loss module traces without a graph break (a break at the
+    token range check printed a long warning and split the graph); the traced loss is the loss."""
+    model = random_model(qkov.Config(n_layers, 2, 16, 8, 50, 12))
+    windows = torch.randint(0, 50, (3, 13), generator=torch.Generator().manual_seed(0))
+    explained = torch._dynamo.explain(NextTokenLoss(model))(windows)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    traced = torch.compile(NextTokenLoss(model), backend="eager")(windows)  # the graph, run as traced
+    assert torch.allclose(traced, model.loss(windows))

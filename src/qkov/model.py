@@ -271,7 +271,9 @@ class Transformer(nn.Module):
             raise QkovError(
                 f"sequence of {tokens.shape[1]} tokens is longer than the context (n_ctx={self.cfg.n_ctx})"
             )
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
+        # (not while torch.compile traces the training step: reading the range would break its graph)
+        in_range = torch.compiler.is_compiling() or not tokens.numel()
+        if not in_range and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
             raise QkovError(
                 f"token ids must lie in [0, {self.cfg.d_vocab}), got range "
                 f"[{int(tokens.min())}, {int(tokens.max())}]"
