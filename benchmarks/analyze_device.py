@@ -1,13 +1,14 @@
 """``qkov analyze`` on a GPU beside the CPU: both runs timed, and every number of the two
-``results.json`` compared. A random GPT-2-small-shaped model (``analyze_gpt2.build``: 12 layers x 12
-heads, d_model 768, d_mlp 3072, 50257 tokens; built locally, nothing downloaded) is analysed with
+``results.json`` compared. A GPT-2-small-shaped qkov model (12 layers x 12 heads, d_model 768,
+d_mlp 3072, GELU, LayerNorm as an imported GPT-2 has it after folding, 50257 tokens; qkov's own
+random initialisation, so nothing is downloaded and only torch is needed) is analysed with
 ``--device DEVICE`` and with ``--device cpu``, each in a fresh process (``qkov analyze``).
 
 The results should be the same numbers to float rounding (the random inputs are drawn on the CPU
 and moved), but for direct copying, which is exact on a GPU where the CPU samples rows: for it the
 script counts the heads whose CPU 95% interval holds the GPU's exact ``self_top1``. Every other
-number is compared leaf by leaf; the script prints, per ``Results`` field, the largest absolute
-difference and any leaf that is not a number and differs (a head name, a token).
+number is compared leaf by leaf; the script prints, per ``Results`` field, the largest absolute and
+relative differences and any leaf that is not a number and differs (a head name, a token).
 
     python benchmarks/analyze_device.py                       # cuda against the CPU
     python benchmarks/analyze_device.py --layers 2            # a quicker look
@@ -29,8 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import qkov
-from analyze_gpt2 import build
 from qkov.machine import compute_device
+
+
+def gpt2_small_shaped(layers: int, n_ctx: int) -> qkov.Transformer:
+    cfg = qkov.Config(layers, 12, 768, 64, 50257, n_ctx, "standard", "LNPre", d_mlp=3072, act_fn="gelu_new")
+    return qkov.Transformer(cfg, biases=True)
 
 
 def run_analyze(checkpoint: Path, out: Path, device: str, threads: int) -> float:
@@ -72,14 +77,16 @@ def compare(expected: qkov.Results, got: qkov.Results) -> None:
         if [p for p, _ in a] != [p for p, _ in b]:
             print(f"  {field.name:22s} a different shape: {len(a)} against {len(b)} leaves")
             continue
-        largest, others = 0.0, []
+        largest, relative, others = 0.0, 0.0, []
         for (path, x), (_, y) in zip(a, b, strict=True):
             numbers = isinstance(x, float | int) and isinstance(y, float | int) and not isinstance(x, bool)
             if numbers and math.isfinite(x) and math.isfinite(y):
                 largest = max(largest, abs(x - y))
+                relative = max(relative, abs(x - y) / max(abs(x), abs(y), 1e-30))
             elif x != y:
                 others.append(f"{path}: {x!r} / {y!r}")
         line = f"  {field.name:22s} {len(a):7d} leaves, largest difference {largest:.2e}"
+        line += f", {relative:.2e} relative"
         print(line + (f"; {len(others)} other leaves differ: {others[:3]}" if others else ""))
 
 
@@ -105,7 +112,7 @@ def main() -> None:
     compute_device(args.device)  # one line, before any work, when it is not here
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        build(folder, args.n_ctx, args.layers)
+        qkov.save(gpt2_small_shaped(args.layers, args.n_ctx), folder / "qkov")
         print(f"random GPT-2: {args.layers} layers x 12 heads, d_model 768, 50257 tokens, n_ctx {args.n_ctx}")
         seconds = run_analyze(folder / "qkov", folder / "device", args.device, args.threads)
         cpu_seconds = run_analyze(folder / "qkov", folder / "cpu", "cpu", os.cpu_count() or 1)
