@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from qkov.circuits.phase_change import PhaseChange, TrainingPoint
+from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange, TrainingPoint
 from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
 from qkov.report.svg import bars, esc, heatmap, line_chart, scatter, sequential, training_heatmap
 from qkov.results import AttentionExample, Claim, Results, SkipTrigramBugRow, SkipTrigramRow
@@ -96,8 +96,9 @@ def _bump_figure(change: PhaseChange | None, band: list) -> str:
     bump = "does" if "loss_bump" in change.signatures else "does not"
     return figure(
         chart,
-        "The training loss's slope per decade of tokens between evaluations (3-point running mean). It "
-        f"{bump} dip inside the window below its values at both ends. " + _note(band),
+        "The training loss's slope per decade of tokens between evaluations at least "
+        f"{MIN_SLOPE_SPACING} decades apart (3-point running mean). It {bump} dip inside the window below "
+        "its values at both ends. " + _note(band),
         "the phase change is visible as a bump in the training loss.",
     )
 
