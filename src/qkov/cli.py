@@ -28,26 +28,24 @@ def add_corpus_argument(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--corpus", action="append", metavar="PATH", help=help)
 
 
-def common_options(device_help: str | None) -> argparse.ArgumentParser:
-    """The options every long-running command shares: ``--seed``, ``--threads``, ``--quiet`` and,
-    where the command computes on a chosen device, ``--device``."""
+def common_options(device_help: str) -> argparse.ArgumentParser:
+    """The options every long-running command shares: ``--seed``, ``--threads``, ``--quiet`` and
+    ``--device`` (its help says what the command computes there)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores; for train, per process)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    if device_help:
-        p.add_argument("--device", default="cpu", help=device_help)
+    p.add_argument("--device", default="cpu", help=device_help)
     return p
 
 
-TRAIN_DEVICE = "where to train: cpu (default), cuda, cuda:1, ..."
-ANALYZE_DEVICE = "where to analyse: cpu (default), cuda, cuda:1, ... (the same numbers, to float rounding)"
+DEVICES = "cpu (default), cuda, cuda:1, ..."
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
-        parents=[common_options(TRAIN_DEVICE)],
+        parents=[common_options(f"where to train: {DEVICES}")],
         help="train an attention-only transformer on a corpus",
         description="Train an attention-only transformer. Unset options take the "
         "measured defaults for the depth (see the README).",
@@ -252,7 +250,7 @@ def schema_command(args: argparse.Namespace) -> None:
 def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "analyze",
-        parents=[common_options(ANALYZE_DEVICE)],
+        parents=[common_options(f"where to analyse: {DEVICES} (the same numbers, to float rounding)")],
         help="run every analysis for a checkpoint's depth; write results.json and report.html",
         description="Run every analysis that applies to the checkpoint's depth and write "
         "DIR/results.json and DIR/report.html.",
@@ -336,7 +334,7 @@ def import_command(args: argparse.Namespace) -> None:
 def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce",
-        parents=[common_options("where to train and analyse: cpu (default), cuda, cuda:1, ...")],
+        parents=[common_options(f"where to train and analyse: {DEVICES}")],
         help="train 0/1/2-layer models, analyse them, check the paper's claims, write a report",
         description="Train the 0-, 1- and 2-layer models with the measured defaults (reusing finished "
         "and resuming interrupted runs in DIR), analyse each, and write DIR/results.json and "
