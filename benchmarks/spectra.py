@@ -26,8 +26,9 @@ import warnings
 import torch
 
 import qkov
-from qkov.circuits.copying import diagonal_and_ranks, eigenvalue_positivity, random_copying_scores
+from qkov.circuits.copying import diagonal_and_ranks, random_copying_scores
 from qkov.circuits.qk_ov import shared_full_ov_circuit, shared_full_qk_circuit, stacked_weights
+from qkov.linalg import eigenvalue_positivity
 from qkov.machine import matmul_rate
 
 from peak_memory import measure

@@ -15,6 +15,7 @@ from qkov import analyze as analyze_module
 from qkov.analyze import STEPS, analyze, run_steps
 from qkov.circuits import copying
 from qkov.cli import main
+from qkov.data.tokens import TokenSplits
 from qkov.report.sections import SECTIONS
 from qkov.results import Results
 
@@ -70,16 +71,18 @@ def test_term_importance_puts_induction_in_a_first_order_term(induction_results)
     assert abs(t.first_order_by_head[0][0]) < 0.01  # the previous-token head writes where W_U does not read
 
 
-def test_the_spectra_and_the_direct_measures_agree_with_the_copying_step(induction_results):
+def test_the_eigenvalues_and_the_direct_measures_both_say_the_induction_head_copies(induction_results):
     r = induction_results
-    spectra, direct, copying = r.spectra.OV, r.copying_direct, r.copying.heads
-    assert [s.name for s in spectra] == [d.name for d in direct] == [c.name for c in copying]
-    for s, d, c in zip(spectra, direct, copying, strict=True):
-        assert s.copying_score == pytest.approx(c.copying_score, abs=1e-6)
-        assert (d.self_top1, d.diagonal_z) == (c.self_top1, c.diagonal_z) and d.exact
+    assert (
+        [s.name for s in r.spectra.OV]
+        == [d.name for d in r.copying_direct]
+        == [c.name for c in r.copying.heads]
+    )
     induction = next(c for c in r.copying_comparison if c.name == "L1H0")
     assert induction.eigenvalues_say_copying and induction.direct_says_copying and not induction.disagree
-    assert len(r.spectra.QK) == 4 and all(s.copying_score is None for s in r.spectra.QK)
+    direct = next(d for d in r.copying_direct if d.name == "L1H0")
+    assert direct.exact and direct.self_top1 == 1.0  # the head's OV circuit is the identity on tokens
+    assert len(r.spectra.QK) == 4
 
 
 def test_captions_come_from_the_data(induction_results):
@@ -99,25 +102,21 @@ def test_every_step_fills_a_results_field_with_a_report_section():
 def test_a_step_reads_only_steps_before_it():
     seen: set[str] = set()
     for step in STEPS:
-        assert set(step.after) <= seen, (step.name, step.after)
+        assert set(step.reads) <= seen, (step.name, step.reads)
         seen.add(step.name)
 
 
-@pytest.mark.parametrize(
-    "n_layers, corpus, expected",
-    [
-        (0, True, {"bigram"}),
-        (0, False, set()),
-        (1, False, {"spectra", "copying_direct", "copying", "copying_comparison", "repeated_tokens"}
-         | {"attention_examples", "qk_position_content"}
-         | {"term_importance", "skip_trigrams"}),
-        (2, False, {"spectra", "copying_direct", "copying", "copying_comparison", "repeated_tokens"}
-         | {"attention_examples", "qk_position_content"}
-         | {"term_importance", "composition", "induction_check", "ablation"}),
-    ],
-)  # fmt: skip
-def test_which_steps_apply(n_layers, corpus, expected):
-    assert {s.name for s in STEPS if s.applies(n_layers, corpus)} == expected
+@pytest.mark.parametrize("with_corpus", [False, True], ids=["no corpus", "corpus"])
+@pytest.mark.parametrize("n_layers", [0, 1, 2])
+def test_analyze_fills_the_fields_of_exactly_the_steps_that_apply(n_layers, with_corpus):
+    cfg = qkov.Config(n_layers=n_layers, n_heads=2, d_model=16, d_head=4, d_vocab=24, n_ctx=12)
+    rng = np.random.default_rng(0)
+    corpus = TokenSplits(rng.integers(0, 24, 3000), rng.integers(0, 24, 600)) if with_corpus else None
+    results = analyze(random_model(cfg), corpus, show_progress=False)
+    filled = {s.name for s in STEPS if getattr(results, s.name) is not None}
+    assert filled == {s.name for s in STEPS if s.applies(n_layers, with_corpus)}
+    assert ("composition" in filled) == (n_layers >= 2) and ("skip_trigrams" in filled) == (n_layers == 1)
+    assert ("bigram" in filled) == with_corpus
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -131,9 +130,12 @@ def test_analyze_a_hand_written_checkpoint_without_tokenizer(tmp_path, capsys):
     assert all(x is not None for x in (results.composition, results.induction_check, results.ablation))
     assert results.bigram is None and results.tokens[5] == "#5"
     raw = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert raw["schema_version"] == 2
+    assert raw["schema_version"] == 3
     html = (tmp_path / "out" / "report.html").read_text()
-    assert "K-composition" in html and "<svg" in html
+    for kind in "QKV":  # the composition figure: each kind's two heatmaps, with every pair's cell
+        for title in ("baseline subtracted", "raw"):
+            assert html.count(f'aria-label="{kind}-composition {title}"') == 1
+    assert html.count("<title>L0H0 → L1H0: ") == 6 and html.count("<title>L0H1 → L1H1: ") == 6
     assert "L1H0" in capsys.readouterr().err
 
 
@@ -143,7 +145,7 @@ def test_analyze_a_one_layer_checkpoint_lists_skip_trigrams(tmp_path):
     results = qkov.load_results(tmp_path / "ckpt" / "analysis" / "results.json")
     top = results.skip_trigrams.tables["L0H0"][0]
     assert (top.source, top.destination, top.out) == (5, 3, 9)
-    assert top.source_str == "#5"
+    assert results.tokens[top.source] == "#5"
     assert results.composition is None
 
 
@@ -195,7 +197,7 @@ def test_no_step_makes_a_tensor_without_saying_where(monkeypatch, kind, cut):
         cfg = qkov.Config(2, 3, 12, 4, 40, 24, normalization="LN", d_mlp=16, act_fn="gelu_new")
         model = random_model(cfg, biases=True)
     d_vocab = model.cfg.d_vocab
-    corpus = (gen.integers(0, d_vocab, 4000), gen.integers(0, d_vocab, 1000))
+    corpus = TokenSplits(gen.integers(0, d_vocab, 4000), gen.integers(0, d_vocab, 1000))
     expected = run_steps(model, _steps_for(model, corpus), corpus)
     with torch.device("meta"):
         got = run_steps(model, _steps_for(model, corpus), corpus)

@@ -70,16 +70,15 @@ def test_the_cache_estimate_covers_what_run_with_cache_keeps():
 
 
 def context(model) -> analyze.Context:
-    strings = analyze.token_strings(None, model.cfg.d_vocab)
-    return analyze.Context(model, None, strings, 0, MappingProxyType({}))
+    return analyze.Context.of(model, None, 0, MappingProxyType({}))
 
 
 def test_a_default_sized_model_keeps_its_batch_for_every_step():
     ctx = context(qkov.AttnOnlyTransformer(DEFAULT_2_LAYER))
     assert tuple(ctx.repeated.shape) == (32, 126) and ctx.period == 42
     for cost in (ablation_flop, term_importance_flop):
-        tokens, period = ctx.rerun_batch(partial(cost, DEFAULT_2_LAYER))
-        assert tokens is not None and torch.equal(tokens, ctx.repeated) and period == 42
+        tokens, period, described = ctx.rerun_batch(partial(cost, DEFAULT_2_LAYER))
+        assert torch.equal(tokens, ctx.repeated) and period == 42 and described == "repeated random tokens"
 
 
 def test_over_budget_steps_run_on_a_cut_batch_and_say_so(monkeypatch):

@@ -157,16 +157,17 @@ def test_positive_eigenvalues_without_copying_are_a_disagreement():
     V = 8
     shear = torch.eye(V) + 10 * torch.diag(torch.ones(V - 1), 1)
     model = ov_model([shear, torch.eye(V), -torch.eye(V)])
-    rows = qkov.compare_copying(qkov.head_spectra(model, "OV"), qkov.direct_copying(model, progress=False))
+    scores, direct = qkov.copying_analysis(model), qkov.direct_copying(model, progress=False)
+    rows = qkov.compare_copying(scores, direct)
     verdicts = {r.name: (r.eigenvalues_say_copying, r.direct_says_copying, r.disagree) for r in rows}
     assert verdicts == {
         "L0H0": (True, False, True),
         "L0H1": (True, True, False),
         "L0H2": (False, False, False),
     }
-    assert rows[0].copying_score == pytest.approx(1.0) and rows[0].self_top1 == pytest.approx(1 / V)
-    with pytest.raises(qkov.QkovError, match="OV spectra"):
-        qkov.compare_copying(qkov.head_spectra(model, "QK"), qkov.direct_copying(model, progress=False))
+    assert scores.heads[0].copying_score == pytest.approx(1.0) and direct[0].self_top1 == pytest.approx(1 / V)
+    with pytest.raises(qkov.QkovError, match="different heads"):
+        qkov.compare_copying(scores, direct[:2])
 
 
 def test_the_row_budget_is_exact_for_small_models_and_samples_a_50k_vocabulary():
@@ -181,10 +182,15 @@ def test_the_row_budget_is_exact_for_small_models_and_samples_a_50k_vocabulary()
 def test_copying_and_anti_copying_heads():
     model = skip_trigram_model([(5, 3, 9)])
     analysis = copying.copying_analysis(model)
-    assert analysis.scores[0].tolist() == pytest.approx([0.0, 1.0, -1.0], abs=1e-9)
-    assert analysis.self_top1[0, 1] == 1.0 and analysis.self_top1[0, 2] == 0.0
-    assert analysis.diagonal_z[0, 1] > 3 and analysis.diagonal_z[0, 2] < -3
-    assert analysis.copying_heads == 1
+    assert [h.copying_score for h in analysis.heads] == pytest.approx([0.0, 1.0, -1.0], abs=1e-9)
+    assert [h.copies for h in analysis.heads] == [False, True, False] and analysis.copying_heads == 1
+    assert [h.name for h in analysis.heads] == ["L0H0", "L0H1", "L0H2"]
+    assert analysis.threshold == pytest.approx(
+        float(torch.tensor(analysis.baseline).quantile(0.99)), abs=1e-4
+    )
+    direct = copying.direct_copying(model, progress=False)
+    assert direct[1].self_top1 == 1.0 and direct[2].self_top1 == 0.0
+    assert direct[1].diagonal_z > 3 and direct[2].diagonal_z < -3
 
 
 def _ks_statistic(x: torch.Tensor, y: torch.Tensor) -> float:

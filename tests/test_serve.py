@@ -105,10 +105,13 @@ def test_head_scores_are_the_ones_analyze_writes(served):
     body = get(client, "/api/heads")
     results = analyze(model, show_progress=False)
     copying, behaviour = results.copying, results.repeated_tokens
-    for mine, c, b in zip(body["heads"], copying.heads, behaviour.heads, strict=True):
-        assert mine["name"] == c.name == b.name
-        for key in ("copying_score", "self_top1", "diagonal_z", "copies"):
+    heads = zip(body["heads"], copying.heads, results.copying_direct, behaviour.heads, strict=True)
+    for mine, c, d, b in heads:
+        assert mine["name"] == c.name == d.name == b.name
+        for key in ("copying_score", "copies"):
             assert mine[key] == getattr(c, key), (mine["name"], key)
+        for key in ("self_top1", "diagonal_z"):
+            assert mine[key] == getattr(d, key), (mine["name"], key)
         for key in ("previous_token_score", "induction_score", "duplicate_token_score"):
             assert mine[key] == getattr(b, key), (mine["name"], key)
         assert [tuple(e) for e in mine["eigenvalues"]] == c.eigenvalues

@@ -17,9 +17,11 @@ from qkov.circuits.composition import (
     k_composition_positivity,
 )
 from qkov.circuits.copying import (
+    Copying,
     CopyingComparison,
     DirectCopying,
     compare_copying,
+    copying_analysis,
     copying_score,
     direct_copying,
     random_copying_scores,
@@ -53,6 +55,7 @@ from qkov.results import Reproduction, Results, load_results
 __all__ = [
     "AttnOnlyTransformer",
     "Config",
+    "Copying",
     "CopyingComparison",
     "DirectCopying",
     "FactoredMatrix",
@@ -68,6 +71,7 @@ __all__ = [
     "compare_copying",
     "composition_baseline",
     "composition_scores",
+    "copying_analysis",
     "copying_score",
     "direct_copying",
     "from_hf",

@@ -12,7 +12,8 @@ import keyword
 
 from qkov.circuits.heads import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD
 from qkov.circuits.phase_change import MAX_WINDOW_DECADES, MOST_OF_CHANGE, ControlWindow
-from qkov.results import Claim, Results, SkipTrigramRow
+from qkov.circuits.skip_trigrams import SkipTrigram
+from qkov.results import Claim, Results
 
 BIGRAM_CORRELATION = 0.5  # log P(next | current): the direct path against the corpus
 K_COMPOSITION_POSITIVITY = 0.5  # eigenvalue positivity of the induction head's K-composition term
@@ -50,18 +51,19 @@ def copying_claim(one: Results) -> Claim:
     )
 
 
-def _pythonness(t: SkipTrigramRow) -> int:
+def _pythonness(t: SkipTrigram, strings: list[str]) -> int:
     """How many of the skip-trigram's three tokens are Python keywords or common Python names."""
-    words = (t.source_str.strip(), t.destination_str.strip(), t.out_str.strip())
+    words = (strings[t.source].strip(), strings[t.destination].strip(), strings[t.out].strip())
     return sum(keyword.iskeyword(w) or w in PYTHON_WORDS for w in words)
 
 
 def python_skip_trigram_claim(one: Results) -> Claim:
     assert one.skip_trigrams is not None
-    python = [t for rows in one.skip_trigrams.tables.values() for t in rows if _pythonness(t) > 0]
+    s = one.tokens
+    python = [t for rows in one.skip_trigrams.tables.values() for t in rows if _pythonness(t, s) > 0]
     # examples: the most Python-like first, then those that do not copy the source, then the strongest
-    python.sort(key=lambda t: (-_pythonness(t), t.out == t.source, -t.strength))
-    examples = "; ".join(f"{t.source_str!r} … {t.destination_str!r} → {t.out_str!r}" for t in python[:4])
+    python.sort(key=lambda t: (-_pythonness(t, s), t.out == t.source, -t.strength))
+    examples = "; ".join(f"{s[t.source]!r} … {s[t.destination]!r} → {s[t.out]!r}" for t in python[:4])
     return Claim(
         "One-layer heads implement skip-trigrams, including Python patterns",
         "Skip-trigrams such as 'def … ( → self' and 'import … . → ...' in a model trained with code.",
@@ -166,7 +168,7 @@ def phase_change_claim(two: Results) -> Claim:
         "that window, the training loss falls more steeply (per decade of tokens) somewhere inside it than "
         f"at both ends, and the 1-layer model's in-context-learning score makes {MOST_OF_CHANGE:.0%} of its "
         "change in no window that narrow",
-        change is not None and change.holds,
+        change is not None and change.holds is True,
     )
 
 

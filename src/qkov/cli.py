@@ -265,13 +265,31 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def analyze_command(args: argparse.Namespace) -> None:
-    from qkov.analyze import analyze_checkpoint
+    from qkov.analyze import analyze
+    from qkov.checkpoint import load
+    from qkov.circuits.phase_change import read_training_log
+    from qkov.data.corpus import read_corpus
+    from qkov.data.tokens import cached_tokens
+    from qkov.io import atomic_write_text
+    from qkov.machine import compute_device
+    from qkov.report import render_report
+    from qkov.results import write_results
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     out = Path(args.out) if args.out else Path(args.checkpoint) / "analysis"
-    results = analyze_checkpoint(
-        args.checkpoint, out, args.corpus, seed=args.seed, show_progress=not args.quiet, device=args.device
-    )
+    model = load(args.checkpoint).to(compute_device(args.device))
+    corpus = None
+    if args.corpus:
+        if model.tokenizer is None:
+            raise QkovError("--corpus needs a checkpoint with a tokenizer.json to read text")
+        corpus = cached_tokens(
+            read_corpus(None if args.corpus == ["stdlib"] else args.corpus), model.tokenizer
+        )
+    log = read_training_log(Path(args.checkpoint))
+    results = analyze(model, corpus, log, not args.quiet, args.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    write_results(results, out)
+    atomic_write_text(out / "report.html", render_report({f"{model.cfg.n_layers}-layer": results}))
     for line in summary_lines(results):
         console.print(line, highlight=False)
     console.print(f"wrote {out / 'results.json'} and {out / 'report.html'}")

@@ -379,6 +379,16 @@ def numerical_rank(S: Float[Tensor, "... k"], m: int, n: int) -> Int[Tensor, "..
     return (S > tol).sum(-1)
 
 
+def eigenvalue_positivity(eigenvalues: Complex[Tensor, "... k"]) -> Float[Tensor, "..."]:
+    """``Re(sum l) / sum |l|`` over eigenvalues already computed (section "Detecting Copying
+    Behavior"): near 1 when the positive eigenvalues dominate, near -1 when the negative ones do,
+    and 0 when every eigenvalue is 0. Of a full OV circuit it is the paper's copying score; of the
+    token-level K-composition term, the induction test."""
+    total = eigenvalues.abs().sum(-1)
+    score = eigenvalues.real.sum(-1) / torch.where(total > 0, total, 1.0)
+    return torch.where(total > 0, score, 0.0)
+
+
 def outer_root(X: Float[Tensor, "m d"]) -> Float[Tensor, "k d"]:
     """``R`` with ``R^T R = X^T X``, ``k = min(m, d)``: so ``X Y`` and ``R Y`` have the same singular
     values and Frobenius norm for every ``Y``.

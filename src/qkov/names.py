@@ -42,12 +42,13 @@ def scale_hook(norm: str) -> str:
     return f"{norm}.hook_scale"
 
 
-def parse_head(name: str, cfg: Config) -> tuple[int, int]:
-    """``"L1H4"`` -> ``(1, 4)``, checked against the model's shape."""
+def parse_head(name: str, cfg: Config | None = None) -> tuple[int, int]:
+    """``"L1H4"`` -> ``(1, 4)``, checked against the model's shape when ``cfg`` is given (so it also
+    sorts head names in layer order)."""
     match = _HEAD.fullmatch(name)
     if match is None:
         raise QkovError(f"not a head name: {name!r} (expected L<layer>H<head>, e.g. L1H4)")
     layer, head = int(match[1]), int(match[2])
-    if layer >= cfg.n_layers or head >= cfg.n_heads:
+    if cfg is not None and (layer >= cfg.n_layers or head >= cfg.n_heads):
         raise QkovError(f"no head {name} in a model with {cfg.n_layers} layers of {cfg.n_heads} heads")
     return layer, head

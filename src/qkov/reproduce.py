@@ -84,7 +84,7 @@ def reproduce(
         model = train_depth(n_layers, r, data, tokenizer, folder, seed, show_progress, device)
         t1 = time.perf_counter()
         log = read_training_log(folder)
-        models[f"{n_layers}-layer"] = analyze(model, (data.train, data.eval), log, show_progress, seed)
+        models[f"{n_layers}-layer"] = analyze(model, data, log, show_progress, seed)
         timings[f"{n_layers}-layer"] = ModelTiming(round(t1 - t0, 1), round(time.perf_counter() - t1, 1))
     one, two = models["1-layer"], models["2-layer"]  # the phase change, with the 1-layer control
     models["2-layer"] = replace(two, phase_change=phase_change(two.training, one.training))

@@ -2,16 +2,15 @@
 command line read.
 
 Every result is a frozen standard-library dataclass of plain values (numbers, strings, lists, other
-such dataclasses): the analyses in :mod:`qkov.circuits` return them without depending on a
-serialization library, and a notebook user reads fields with a type checker's help. One serializer,
-pydantic's ``TypeAdapter``, turns them into JSON, validates JSON back into them, and generates the
-JSON Schema shipped beside this module (``schema/results.schema.json``). We chose dataclasses plus
-one adapter over pydantic models so that the circuits modules stay free of the serialization library
-and their own result types (``TermImportance``, ``SkipTrigram``, ``BigramComparison``) are the
-results, not copies of them.
+such dataclasses), defined beside the analysis that computes it in :mod:`qkov.circuits` and returned
+by it: those types are the results, not copies of them. A head is named ``L{layer}H{head}``; a token
+is its id, and ``Results.tokens`` reads every id. One serializer, pydantic's ``TypeAdapter``, turns
+the results into JSON, validates JSON back into them, and generates the JSON Schema shipped beside
+this module (``schema/results.schema.json``). We chose dataclasses plus one adapter over pydantic
+models so that the circuits modules stay free of the serialization library.
 
 JSON has no NaN: a number that is undefined (a head whose OV circuit is zero has no copying score)
-is ``None`` here and ``null`` in the file.
+is ``None`` here and ``null`` in the file (:func:`qkov.numbers.finite`).
 
 ``Results`` is one checkpoint's analysis (``qkov analyze``); ``Reproduction`` is ``qkov reproduce``'s
 (every model's ``Results`` and the paper's claims). :func:`load_results` reads either, and refuses a
@@ -21,7 +20,6 @@ file of another ``schema_version`` with one line.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,186 +28,22 @@ from pydantic import TypeAdapter, ValidationError
 
 from qkov.circuits.ablation import AblationEffect
 from qkov.circuits.bigrams import BigramComparison
-from qkov.circuits.copying import CopyingComparison, DirectCopying
+from qkov.circuits.composition import Composition, InductionCheck
+from qkov.circuits.copying import Copying, CopyingComparison, DirectCopying
+from qkov.circuits.heads import AttentionExamples
 from qkov.circuits.paths import TermImportance
 from qkov.circuits.phase_change import PhaseChange, TrainingPoint
-from qkov.circuits.skip_trigrams import Crossed, SkipTrigram, SkipTrigramBug
-from qkov.circuits.spectra import HeadSpectrum
+from qkov.circuits.repeated import RepeatedTokens
+from qkov.circuits.skip_trigrams import SkipTrigrams
+from qkov.circuits.spectra import Spectra
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
 
-SCHEMA_VERSION = 2  # 2: the phase change by Olsson et al.'s signatures (window in log tokens)
+# 3: the copying score stored once (copying.heads), token strings only in ``tokens``, an undecided
+# phase change (no 1-layer control) null; 2: the phase change by Olsson et al.'s signatures
+SCHEMA_VERSION = 3
 SCHEMA_FILE = Path(__file__).parent / "schema" / "results.schema.json"
-
-
-def finite(x: float) -> float | None:
-    """An undefined number (NaN, infinite) as ``None``, the JSON-safe form."""
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-# -- heads ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HeadCopying:
-    """One head's full OV circuit ``W_E W_V W_O W_U``: its eigenvalue copying score
-    ``Re(sum l) / sum |l|``, the direct measures, and the eigenvalues ``(re, im)``."""
-
-    name: str
-    layer: int
-    head: int
-    copying_score: float | None
-    self_top1: float | None
-    diagonal_z: float | None
-    eigenvalues: list[tuple[float, float]]
-    copies: bool  # the copying score is above the random baseline's 99th percentile
-
-
-@dataclass(frozen=True)
-class Copying:
-    """Copying (section "Copying / Primarily Positive Eigenvalues"): every head, and the scores of
-    random factors of the same shapes (``baseline``); a head copies above ``threshold``, the
-    baseline's 99th percentile."""
-
-    heads: list[HeadCopying]
-    baseline: list[float]
-    baseline_mean: float
-    threshold: float
-    copying_heads: int
-
-
-@dataclass(frozen=True)
-class Spectra:
-    """Every head's full OV circuit ``W_E W_V W_O W_U`` and full QK circuit
-    ``W_E W_Q W_K^T W_E^T / sqrt(d_head)`` (token to token) summarised over the whole vocabulary:
-    norm, top singular values, effective rank and (OV) eigenvalue copying score."""
-
-    OV: list[HeadSpectrum]
-    QK: list[HeadSpectrum]
-
-
-@dataclass(frozen=True)
-class HeadBehaviour:
-    """One head's attention on repeated random tokens: mean attention one back (previous-token),
-    to the token after the previous occurrence (induction) and to the previous occurrence itself
-    (duplicate-token)."""
-
-    name: str
-    layer: int
-    head: int
-    previous_token_score: float | None
-    induction_score: float | None
-    duplicate_token_score: float | None
-
-
-@dataclass(frozen=True)
-class RepeatedTokens:
-    """Behaviour on ``sequences`` random sequences of ``period`` tokens repeated ``repeats`` times:
-    the mean next-token loss on each repeat (see :func:`qkov.circuits.ablation.repeat_behaviour`) and
-    every head's scores. ``previous_token_heads`` and ``induction_heads`` are the heads whose score
-    passes ``previous_token_threshold`` and ``induction_threshold``."""
-
-    period: int
-    repeats: int
-    sequences: int
-    loss_per_repeat: list[float]
-    heads: list[HeadBehaviour]
-    previous_token_threshold: float
-    induction_threshold: float
-    previous_token_heads: list[str]
-    induction_heads: list[str]
-
-
-@dataclass(frozen=True)
-class AttentionExample:
-    """Every head's attention pattern on one sequence: ``patterns[head][dest][src]`` for
-    ``src <= dest``; ``description`` says what the sequence is."""
-
-    description: str
-    tokens: list[int]
-    patterns: dict[str, list[list[float]]]
-
-
-@dataclass(frozen=True)
-class AttentionExamples:
-    repeated: AttentionExample
-    corpus: AttentionExample | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class TermImportanceResult(TermImportance):
-    """Term importance (section "Path Expansion of Logits") and the tokens it was measured on."""
-
-    tokens: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class SkipTrigramRow(SkipTrigram):
-    """A skip-trigram ``source … destination → out`` with its tokens' strings."""
-
-    source_str: str
-    destination_str: str
-    out_str: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class CrossedRow(Crossed):
-    destination_str: str
-    out_str: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class SkipTrigramBugRow(SkipTrigramBug):
-    """A skip-trigram bug (see :class:`~qkov.circuits.skip_trigrams.SkipTrigramBug`) with strings."""
-
-    crossed: list[CrossedRow]
-    source_str: str
-    first_str: tuple[str, str]
-    second_str: tuple[str, str]
-
-
-@dataclass(frozen=True)
-class SkipTrigrams:
-    """Every first-layer head's strongest skip-trigrams and the bugs they force, by head name."""
-
-    tables: dict[str, list[SkipTrigramRow]]
-    bugs: dict[str, list[SkipTrigramBugRow]]
-
-
-@dataclass(frozen=True)
-class CompositionPair:
-    """How much an earlier head (``writer``) composes into a later one (``reader``): the raw score
-    (as TransformerLens reports it), the random baseline, and ``score = raw - baseline``."""
-
-    writer: str
-    reader: str
-    raw: float
-    baseline: float
-    score: float
-
-
-@dataclass(frozen=True)
-class Composition:
-    """Q-, K- and V-composition of every earlier head into every later one (section "Two-Layer
-    Attention-Only Transformers"), against ``baseline``, the expected score of random heads."""
-
-    baseline: float
-    Q: list[CompositionPair]
-    K: list[CompositionPair]
-    V: list[CompositionPair]
-
-
-@dataclass(frozen=True)
-class InductionCheck:
-    """A later head: its OV copying score and the eigenvalue positivity of its token-level
-    K-composition term with the earlier head that gives the strongest (``writer``); ``all`` holds
-    the positivity with every earlier head."""
-
-    head: str
-    ov_copying: float | None
-    k_composition_positivity: float
-    writer: str
-    all: dict[str, float]
 
 
 # -- one checkpoint, and the reproduction ---------------------------------------------------------
@@ -232,7 +66,7 @@ class Results:
     repeated_tokens: RepeatedTokens | None = None
     attention_examples: AttentionExamples | None = None
     qk_position_content: dict[str, dict[str, float]] | None = None
-    term_importance: TermImportanceResult | None = None
+    term_importance: TermImportance | None = None
     skip_trigrams: SkipTrigrams | None = None
     composition: Composition | None = None
     induction_check: list[InductionCheck] | None = None

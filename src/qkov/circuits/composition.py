@@ -20,23 +20,29 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 from einops import rearrange
 from jaxtyping import Complex, Float
 from torch import Tensor
 
-from qkov.circuits.copying import eigenvalue_positivity
+from qkov.circuits.copying import Copying
 from qkov.circuits.qk_ov import stacked_weights
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
-from qkov.linalg import FactoredMatrix, gram_root
+from qkov.linalg import FactoredMatrix, eigenvalue_positivity, gram_root
 from qkov.model import AttnOnlyTransformer
-from qkov.names import parse_head
+from qkov.names import head_name, parse_head
 
 KINDS = ("Q", "K", "V")
 BASELINE_SAMPLES = 100
+# A product of every writer's rows with every reader's columns, as one d_head x d_head block per pair.
+PAIR_BLOCKS = (
+    "(layer_from head_from d_head) (head_to d_head_to) -> layer_from head_from head_to d_head d_head_to"
+)
 
 
 def _gram_root(X: Float[Tensor, "... d_model d_head"]) -> Float[Tensor, "... d_head d_head"]:
@@ -72,18 +78,21 @@ def all_raw_composition_scores(
         if kind not in KINDS:
             raise QkovError(f"composition kind must be one of Q, K, V, got {kind!r}")
     cfg = model.cfg
-    blocks = [block.attn for block in model.blocks]
+    attention = [block.attn for block in model.blocks]
     scores = {}
     with torch.no_grad():
         # the weights as [d_model, d_head] factors per layer (views, no stacked copies)
-        W = {name: [getattr(a, f"W_{name}").detach() for a in blocks] for name in "QKV"}
-        W["O"] = [a.W_O.detach().mT for a in blocks]
+        W = {name: [getattr(a, f"W_{name}").detach() for a in attention] for name in "QKV"}
+        W["O"] = [a.W_O.detach().mT for a in attention]
         needed = {"V", "O"} | ({"Q", "K"} if {"Q", "K"} & set(kinds) else set())
         R = {name: torch.stack([_gram_root(w) for w in W[name]]) for name in needed}
         fro = torch.linalg.matrix_norm
         ov_norm = fro(R["V"] @ R["O"].mT)
         left = torch.stack(
-            [rearrange(r @ w.mT, "h e d -> (h e) d") for r, w in zip(R["V"], W["O"], strict=True)]
+            [
+                rearrange(r @ w.mT, "n_heads d_head d_model -> (n_heads d_head) d_model")
+                for r, w in zip(R["V"], W["O"], strict=True)
+            ]
         )
         for kind in kinds:
             reads, partner = {"Q": ("Q", "K"), "K": ("K", "Q"), "V": ("V", "O")}[kind]
@@ -91,18 +100,21 @@ def all_raw_composition_scores(
             shape = (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads)
             out = torch.full(shape, math.nan, dtype=left.dtype, device=left.device)
             for layer_to in range(1, cfg.n_layers):
-                right = rearrange(W[reads][layer_to] @ R[partner][layer_to].mT, "h d f -> d (h f)")
-                # every pair (h1 in an earlier layer, h2 in layer_to) in one matrix product, whose
-                # d_head x d_head blocks are the pairs' products
-                products = left[:layer_to].flatten(0, 1) @ right
-                blocks_ = rearrange(
-                    products.square_(),
-                    "(l h1 e) (h2 f) -> l h1 h2 e f",
-                    l=layer_to,
-                    h1=cfg.n_heads,
-                    h2=cfg.n_heads,
+                right = rearrange(
+                    W[reads][layer_to] @ R[partner][layer_to].mT,
+                    "head_to d_model d_head_to -> d_model (head_to d_head_to)",
                 )
-                numerator = blocks_.sum((-1, -2)).sqrt()
+                # every pair (a writer in an earlier layer, a reader in layer_to) in one matrix
+                # product, whose d_head x d_head blocks are the pairs' products
+                products = left[:layer_to].flatten(0, 1) @ right
+                pair_products = rearrange(
+                    products.square_(),
+                    PAIR_BLOCKS,
+                    layer_from=layer_to,
+                    head_from=cfg.n_heads,
+                    head_to=cfg.n_heads,
+                )
+                numerator = pair_products.sum((-1, -2)).sqrt()
                 out[:layer_to, :, layer_to] = numerator / (
                     ov_norm[:layer_to, :, None] * reader_norm[layer_to]
                 )
@@ -187,20 +199,22 @@ def k_composition_positivity(
         W_E = model.W_E.double()
         gram = W_E.mT @ W_E
         W_Q, W_K, W_V, W_O = (stacked_weights(model, name).double() for name in ("W_Q", "W_K", "W_V", "W_O"))
-        # every writer's W_V^T and W_O as [(layer head_from d_head), d_model]: one product per reader layer
-        values_in = rearrange(W_V, "l h d e -> (l h e) d")
-        keys_out = rearrange(W_O, "l h e d -> (l h e) d")
+        # every writer's W_V^T and W_O as [(layer_from head_from d_head), d_model]: one product per
+        # reader layer
+        values_in = rearrange(W_V, "n_layers n_heads d_model d_head -> (n_layers n_heads d_head) d_model")
+        keys_out = rearrange(W_O, "n_layers n_heads d_head d_model -> (n_layers n_heads d_head) d_model")
+        readers = "head_to d_model d_head_to -> d_model (head_to d_head_to)"
         smalls = []
         for layer_to in range(1, cfg.n_layers):
             writers = layer_to * cfg.n_heads * cfg.d_head
-            queries = rearrange(gram @ W_Q[layer_to], "h d f -> d (h f)")  # W_E^T W_E W_Q2
+            queries = rearrange(gram @ W_Q[layer_to], readers)  # W_E^T W_E W_Q2
             values = values_in[:writers] @ queries  # blocks W_V1^T G W_Q2
-            keys = keys_out[:writers] @ rearrange(W_K[layer_to], "h d f -> d (h f)")  # blocks W_O1 W_K2
-            blocks = [
-                rearrange(x, "(l h1 e) (h2 f) -> l h1 h2 e f", l=layer_to, h1=cfg.n_heads, h2=cfg.n_heads)
+            keys = keys_out[:writers] @ rearrange(W_K[layer_to], readers)  # blocks W_O1 W_K2
+            keys_blocks, values_blocks = (
+                rearrange(x, PAIR_BLOCKS, layer_from=layer_to, head_from=cfg.n_heads, head_to=cfg.n_heads)
                 for x in (keys, values)
-            ]
-            smalls.append((blocks[0].mT @ blocks[1]).flatten(0, 2))  # [pairs, d_head, d_head]
+            )
+            smalls.append((keys_blocks.mT @ values_blocks).flatten(0, 2))  # [pairs, d_head, d_head]
         positivity = eigenvalue_positivity(_eigvals(torch.cat(smalls))).split([len(x) for x in smalls])
         for layer_to, scores in enumerate(positivity, start=1):
             out[:layer_to, :, layer_to] = scores.reshape(layer_to, cfg.n_heads, cfg.n_heads)
@@ -215,3 +229,78 @@ def _eigvals(matrices: Float[Tensor, "batch k k"]) -> Complex[Tensor, "batch k"]
         return torch.linalg.eigvals(matrices)
     with ThreadPoolExecutor(threads) as pool:
         return torch.cat(list(pool.map(torch.linalg.eigvals, matrices.chunk(threads))))
+
+
+# -- the typed results of the analysis ----------------------------------------------------------
+@dataclass(frozen=True)
+class CompositionPair:
+    """How much an earlier head (``writer``) composes into a later one (``reader``): the raw score
+    (as TransformerLens reports it), the random baseline, and ``score = raw - baseline``."""
+
+    writer: str
+    reader: str
+    raw: float
+    baseline: float
+    score: float
+
+
+@dataclass(frozen=True)
+class Composition:
+    """Q-, K- and V-composition of every earlier head into every later one (section "Two-Layer
+    Attention-Only Transformers"), against ``baseline``, the expected score of random heads."""
+
+    baseline: float
+    Q: list[CompositionPair]
+    K: list[CompositionPair]
+    V: list[CompositionPair]
+
+
+def composition(model: AttnOnlyTransformer) -> Composition:
+    """Every pair's raw score of each kind beside the paper's baseline-subtracted one."""
+    baseline = composition_baseline(model.cfg.d_model, model.cfg.d_head)
+    pairs = {
+        kind: [
+            CompositionPair(head_name(l1, h1), head_name(l2, h2), float(raw), baseline, float(raw) - baseline)
+            for (l1, h1, l2, h2), raw in np.ndenumerate(scores.cpu().numpy())
+            if not math.isnan(raw)
+        ]
+        for kind, scores in all_raw_composition_scores(model, KINDS).items()
+    }
+    return Composition(baseline=baseline, **pairs)
+
+
+@dataclass(frozen=True)
+class InductionCheck:
+    """A later head: its OV copying score and the eigenvalue positivity of its token-level
+    K-composition term with the earlier head that gives the strongest (``writer``); ``all`` holds
+    the positivity with every earlier head."""
+
+    head: str
+    ov_copying: float | None
+    k_composition_positivity: float
+    writer: str
+    all: dict[str, float]
+
+
+def induction_checks(model: AttnOnlyTransformer, copying: Copying) -> list[InductionCheck]:
+    """The paper's two tests of an induction head (section "How Induction Heads Work") for every
+    head after the first layer: a positive OV circuit (``copying``, :func:`copying_analysis`'s
+    scores) and a positive token-level K-composition term with an earlier head
+    (:func:`k_composition_positivity`)."""
+    positivity = k_composition_positivity(model)
+    scores = {h.name: h.copying_score for h in copying.heads}
+    n_heads, rows = model.cfg.n_heads, []
+    for layer in range(1, model.cfg.n_layers):
+        for head in range(n_heads):
+            per_writer = positivity[:layer, :, layer, head].flatten()  # [earlier layers * n_heads]
+            best = int(per_writer.argmax())
+            rows.append(
+                InductionCheck(
+                    head=head_name(layer, head),
+                    ov_copying=scores[head_name(layer, head)],
+                    k_composition_positivity=float(per_writer[best]),
+                    writer=head_name(*divmod(best, n_heads)),
+                    all={head_name(*divmod(i, n_heads)): float(v) for i, v in enumerate(per_writer)},
+                )
+            )
+    return rows

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from jaxtyping import Complex, Float, Int
+from jaxtyping import Float, Int
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import Tensor
@@ -30,12 +29,10 @@ from torch import Tensor
 from qkov.circuits.qk_ov import shared_full_ov_circuit
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.linalg import BLOCK_BYTES, FactoredMatrix, SharedFactoredMatrix
+from qkov.linalg import BLOCK_BYTES, FactoredMatrix, SharedFactoredMatrix, eigenvalue_positivity
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name
-
-if TYPE_CHECKING:
-    from qkov.circuits.spectra import HeadSpectrum
+from qkov.numbers import finite
 
 WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95% interval
 DEVICE_BLOCK_BYTES = 2**30  # rows scored at once on an accelerator: large matmuls keep it busy
@@ -56,13 +53,6 @@ def copying_score(fm: FactoredMatrix | SharedFactoredMatrix) -> Float[Tensor, ".
     "Detecting Copying Behavior"): near 1 when a head's OV circuit makes tokens raise their own
     logits, near -1 when it lowers them. Defined as 0 for a zero matrix."""
     return eigenvalue_positivity(fm.eigenvalues())
-
-
-def eigenvalue_positivity(eigenvalues: Complex[Tensor, "... k"]) -> Float[Tensor, "..."]:
-    """``Re(sum l) / sum |l|`` of eigenvalues already computed (0 when they are all zero)."""
-    total = eigenvalues.abs().sum(-1)
-    score = eigenvalues.real.sum(-1) / torch.where(total > 0, total, 1.0)
-    return torch.where(total > 0, score, 0.0)
 
 
 def random_copying_scores(
@@ -282,73 +272,80 @@ def _progress_bar(show: bool) -> Progress:
     return Progress(*columns, console=Console(stderr=True), disable=not show)
 
 
-# -- the analysis step --------------------------------------------------------------------------
+# -- the eigenvalue statistic of every head, against its baseline -------------------------------
 @dataclass(frozen=True)
-class CopyingAnalysis:
-    """Copying by each head's full OV circuit ``W_E W_V W_O W_U``, ``[n_layers, n_heads]`` tensors:
+class HeadCopying:
+    """One head's full OV circuit ``W_E W_V W_O W_U`` (paper: ``W_U W_OV W_E``): its eigenvalue copying
+    score ``Re(sum l) / sum |l|`` (None when undefined), the eigenvalues ``(re, im)`` it is computed
+    from (rounded to 5 decimals), and whether the score is above the random baseline's 99th
+    percentile (``copies``). The direct measures are :class:`DirectCopying`, by the same head name."""
 
-    - ``scores``: eigenvalue positivity ``Re(sum l) / sum |l|`` (``eigenvalues``: the ones it uses);
-    - ``baseline``: the scores of random Gaussian factors of the same shapes (the null);
-    - ``threshold``: the baseline's 99th percentile; a head above it copies significantly;
-    - ``self_top1``, ``diagonal_z``: the direct measures of :class:`DirectCopying`.
-    """
+    name: str
+    layer: int
+    head: int
+    copying_score: float | None
+    eigenvalues: list[tuple[float, float]]
+    copies: bool
 
-    scores: Tensor
-    eigenvalues: Tensor
-    baseline: Tensor
+
+@dataclass(frozen=True)
+class Copying:
+    """Copying (section "Copying / Primarily Positive Eigenvalues"): every head, and the scores of
+    random factors of the same shapes (``baseline``, :func:`random_copying_scores`); a head copies
+    above ``threshold``, the baseline's 99th percentile; ``copying_heads`` of them do."""
+
+    heads: list[HeadCopying]
+    baseline: list[float]
+    baseline_mean: float
     threshold: float
-    self_top1: Tensor
-    diagonal_z: Tensor
-
-    @property
-    def copying_heads(self) -> int:
-        return int((self.scores > self.threshold).sum())
+    copying_heads: int
 
 
 @torch.no_grad()
-def copying_analysis(
-    model: AttnOnlyTransformer, baseline_samples: int = 200, direct: list[DirectCopying] | None = None
-) -> CopyingAnalysis:
-    """Copying scores (in float64), their random baseline and the direct measures (``direct`` when
-    given, else computed: exact within ``EXACT_FLOP_BUDGET``, else from sampled rows:
-    :func:`sample_rows_for`), all without building a ``d_vocab x d_vocab`` matrix."""
+def copying_analysis(model: AttnOnlyTransformer, baseline_samples: int = 200) -> Copying:
+    """Every head's copying score, from float64 eigenvalues of the ``d_head x d_head`` reordering
+    of its full OV circuit (nothing ``d_vocab x d_vocab`` is built), against the scores of
+    ``baseline_samples`` random Gaussian factors of the first head's shapes (seed 0)."""
     ov = shared_full_ov_circuit(model)
     eigenvalues = ov.to(torch.float64).eigenvalues().cpu()
+    scores = eigenvalue_positivity(eigenvalues)
     baseline = random_copying_scores(ov[0, 0].factored(), baseline_samples, torch.Generator().manual_seed(0))
-    if direct is None:
-        direct = default_direct_copying(model)
-    shape = ov.batch_shape
-
-    def per_head(values: list[float]) -> Tensor:
-        return torch.tensor(values, dtype=torch.float64, device="cpu").reshape(shape)
-
-    return CopyingAnalysis(
-        scores=eigenvalue_positivity(eigenvalues),
-        eigenvalues=eigenvalues,
-        baseline=baseline,
-        threshold=float(baseline.quantile(0.99)),
-        self_top1=per_head([d.self_top1 for d in direct]),
-        diagonal_z=per_head([d.diagonal_z for d in direct]),
+    threshold = float(baseline.quantile(0.99))
+    heads = [
+        HeadCopying(
+            name=head_name(layer, head),
+            layer=layer,
+            head=head,
+            copying_score=finite(scores[layer, head]),
+            eigenvalues=[(round(e.real, 5), round(e.imag, 5)) for e in eigenvalues[layer, head].tolist()],
+            copies=bool(scores[layer, head] > threshold),
+        )
+        for layer, head in np.ndindex(scores.shape)
+    ]
+    return Copying(
+        heads=heads,
+        baseline=[round(float(x), 4) for x in baseline],
+        baseline_mean=float(baseline.mean()),
+        threshold=threshold,
+        copying_heads=sum(h.copies for h in heads),
     )
 
 
 # -- the comparison -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CopyingComparison:
-    """One head's eigenvalue verdict beside its direct verdict (see :func:`compare_copying`)."""
+    """One head's eigenvalue verdict beside its direct verdict (see :func:`compare_copying`); the
+    numbers behind them are the head's :class:`HeadCopying` and :class:`DirectCopying`."""
 
     name: str
-    copying_score: float
-    diagonal_z: float
-    self_top1: float
     eigenvalues_say_copying: bool
     direct_says_copying: bool
     disagree: bool
 
 
-def compare_copying(spectra: list[HeadSpectrum], direct: list[DirectCopying]) -> list[CopyingComparison]:
-    """Every head's eigenvalue copying score (``spectra``: :func:`qkov.head_spectra` rows of the
-    OV circuit) against its direct measures, with a verdict from each.
+def compare_copying(copying: Copying, direct: list[DirectCopying]) -> list[CopyingComparison]:
+    """Every head's eigenvalue copying score (:func:`copying_analysis`) against its direct measures
+    (:func:`direct_copying`), with a verdict from each.
 
     The rule: eigenvalues say "copying" when ``copying_score > COPYING_SCORE_THRESHOLD`` (0.5:
     positive eigenvalues outweigh the rest three to one; random Gaussian heads stay well below it:
@@ -356,29 +353,17 @@ def compare_copying(spectra: list[HeadSpectrum], direct: list[DirectCopying]) ->
     d_vocab 4096, benchmarks/spectra.py); the direct measures say "copying" when
     ``diagonal_z > DIAGONAL_Z_THRESHOLD`` (1.0: on average a token's own logit is raised one standard
     deviation of its row above the row's mean; the 144 random heads of GPT-2 small's shapes give
-    ``|diagonal_z| <= 0.014``, a head with ``M = I`` gives ``sqrt(d_vocab - 1)``). The heads where the
-    verdicts differ (``disagree``) are where the eigenvalue statistic and the logits tell different
-    stories: positive eigenvalues of a matrix far from diagonal (a shear, ``I + 10 N``), or a strong
-    diagonal beside eigenvalues that large off-diagonal rotations make complex."""
+    ``|diagonal_z| <= 0.014``, a head with ``M = I`` gives ``sqrt(d_vocab - 1)``). An undefined score
+    (a zero circuit) says "not copying". The heads where the verdicts differ (``disagree``) are where
+    the eigenvalue statistic and the logits tell different stories: positive eigenvalues of a matrix
+    far from diagonal (a shear, ``I + 10 N``), or a strong diagonal beside eigenvalues that large
+    off-diagonal rotations make complex."""
     by_name = {row.name: row for row in direct}
-    if sorted(by_name) != sorted(row.name for row in spectra):
-        raise QkovError("the spectra and the direct measures are of different heads")
+    if sorted(by_name) != sorted(h.name for h in copying.heads):
+        raise QkovError("the copying scores and the direct measures are of different heads")
     out = []
-    for row in spectra:
-        if row.copying_score is None:
-            raise QkovError("compare_copying needs the OV spectra (QK rows have no copying score)")
-        d = by_name[row.name]
-        eigenvalues_say = row.copying_score > COPYING_SCORE_THRESHOLD
-        direct_says = d.diagonal_z > DIAGONAL_Z_THRESHOLD
-        out.append(
-            CopyingComparison(
-                name=row.name,
-                copying_score=row.copying_score,
-                diagonal_z=d.diagonal_z,
-                self_top1=d.self_top1,
-                eigenvalues_say_copying=eigenvalues_say,
-                direct_says_copying=direct_says,
-                disagree=eigenvalues_say != direct_says,
-            )
-        )
+    for h in copying.heads:
+        eigenvalues_say = (h.copying_score or 0.0) > COPYING_SCORE_THRESHOLD
+        direct_says = by_name[h.name].diagonal_z > DIAGONAL_Z_THRESHOLD
+        out.append(CopyingComparison(h.name, eigenvalues_say, direct_says, eigenvalues_say != direct_says))
     return out

@@ -10,12 +10,14 @@ Scores are mean attention weights in ``[0, 1]``, one per head, ``[n_layers, n_he
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
-from qkov.model import ActivationCache
-from qkov.names import hook_name
+from qkov.model import ActivationCache, AttnOnlyTransformer
+from qkov.names import head_name, hook_name
 
 # A head plays a role when its score passes these; the claims, the command's summary and the report
 # all use them. The paper gives no numbers. The default 2-layer runs so far measured their
@@ -62,3 +64,36 @@ def duplicate_token_scores(cache: ActivationCache, period: int) -> Float[Tensor,
     """Mean attention to the previous occurrence of the same token (``src = dest - period``) on
     tokens repeating every ``period`` positions: a duplicate-token head."""
     return offset_attention(cache, offset=period, first_dest=period)
+
+
+@dataclass(frozen=True)
+class AttentionExample:
+    """Every head's attention pattern on one sequence: ``patterns[head][dest][src]`` for
+    ``src <= dest`` (rounded to 3 decimals); ``description`` says what the sequence is."""
+
+    description: str
+    tokens: list[int]
+    patterns: dict[str, list[list[float]]]
+
+
+@dataclass(frozen=True)
+class AttentionExamples:
+    """The patterns the report draws: on repeated random tokens, and on a corpus snippet if any."""
+
+    repeated: AttentionExample
+    corpus: AttentionExample | None
+
+
+@torch.no_grad()
+def attention_example(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "pos"], description: str
+) -> AttentionExample:
+    """Every head's attention pattern on one sequence of ``tokens``."""
+    _, cache = model.run_with_cache(tokens[None])
+    patterns = {}
+    for layer in range(model.cfg.n_layers):
+        for head, pattern in enumerate(cache[hook_name(layer, "pattern")][0]):
+            patterns[head_name(layer, head)] = [
+                [round(float(x), 3) for x in row[: dest + 1]] for dest, row in enumerate(pattern)
+            ]
+    return AttentionExample(description, tokens.tolist(), patterns)

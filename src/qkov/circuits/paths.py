@@ -200,12 +200,14 @@ class TermImportance:
     is what order ``n`` adds (``loss_by_order[n - 1] - loss_by_order[n]``, positive when it
     helps). ``first_order_by_layer[l]`` and ``first_order_by_head[l][h]`` are the loss reduction
     when the first-order terms of layer ``l`` (or of one head) are added to the direct path.
+    ``tokens`` says what they were measured on.
     """
 
     loss_by_order: list[float]
     marginal: list[float]
     first_order_by_layer: list[float]
     first_order_by_head: list[list[float]]
+    tokens: str
 
 
 def _next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> float:
@@ -248,7 +250,9 @@ def term_importance_flop(cfg: Config, length: int) -> float:
     return forward_flop(cfg, length) + frozen_runs + losses * unembed_flop(cfg)
 
 
-def term_importance(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) -> TermImportance:
+def term_importance(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], described: str = "the given tokens"
+) -> TermImportance:
     """The paper's term importance analysis by path order (section "Term Importance Analysis").
 
     The attention patterns are recorded once and frozen. Run 0 is the direct path. Run ``n``
@@ -257,7 +261,8 @@ def term_importance(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
     ``n_layers + 1`` cheap runs instead of one per path. Biases (absent from the paper's models):
     ``b_U`` joins the direct path, and ``b_V`` and ``b_O`` count with the head or layer that adds
     them.
-    The last run is the model itself, so ``loss_by_order[-1]`` is the model's loss.
+    The last run is the model itself, so ``loss_by_order[-1]`` is the model's loss. ``described``
+    names the tokens in the result.
 
     GPT-2-style models: LayerNorm scales are frozen with the patterns, and every MLP's write is
     frozen at its value in the model's run and kept at every order (orders count heads; the MLP
@@ -291,6 +296,7 @@ def term_importance(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
         marginal=[losses[n - 1] - losses[n] for n in range(1, len(losses))],
         first_order_by_layer=by_layer,
         first_order_by_head=by_head,
+        tokens=described,
     )
 
 

@@ -204,13 +204,14 @@ class PhaseChange:
     the in-context-learning score's change made inside it (``icl_change``), the training loss's slope
     in log tokens (``loss_slope``, for the bump), and the 1-layer ``control`` (``None`` when no 1-layer
     log was given: ``qkov analyze`` reads one checkpoint). ``holds`` needs all three signatures and a
-    control that shows no window."""
+    control that shows no window: it is ``False`` when a signature is missing, and ``None``
+    (undecided) when all three are there but no control was given."""
 
     window_start_tokens: float
     window_end_tokens: float
     window_decades: float
     signatures: list[str]
-    holds: bool
+    holds: bool | None
     initial_induction: float
     final_induction: float
     initial_icl: float | None
@@ -231,6 +232,12 @@ def _icl_change(
         return (float(s[0]), float(s[-1]), None) if len(s) else (None, None, None)
     change = np.interp([a, b], x, u)
     return float(s[0]), float(s[-1]), float(change[1] - change[0])
+
+
+def _verdict(signatures: list[str], control: ControlWindow | None) -> bool | None:
+    if len(signatures) < len(SIGNATURES):
+        return False
+    return None if control is None else not control.found
 
 
 def phase_change(
@@ -258,7 +265,7 @@ def phase_change(
         window_end_tokens=10**b,
         window_decades=b - a,
         signatures=signatures,
-        holds=len(signatures) == len(SIGNATURES) and control is not None and not control.found,
+        holds=_verdict(signatures, control),
         initial_induction=float(s[0]),
         final_induction=float(s[-1]),
         initial_icl=initial_icl,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -36,6 +37,7 @@ from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix
 from qkov.model import AttnOnlyTransformer
+from qkov.names import head_name
 
 
 def stacked_weights(model: AttnOnlyTransformer, name: str) -> Tensor:
@@ -141,4 +143,15 @@ def qk_term_rms(model: AttnOnlyTransformer) -> dict[str, Float[Tensor, "n_layers
         / math.sqrt(len(sides[d]) * len(sides[s]))
         for d in ("token", "pos")
         for s in ("token", "pos")
+    }
+
+
+def qk_position_content(model: AttnOnlyTransformer) -> dict[str, dict[str, float]] | None:
+    """:func:`qk_term_rms` by term and head name (``{"token_pos": {"L0H0": ...}, ...}``), the form
+    ``results.json`` holds; None for a model without a positional embedding."""
+    if model.W_pos is None:
+        return None
+    return {
+        term: {head_name(layer, head): float(v) for (layer, head), v in np.ndenumerate(values.cpu().numpy())}
+        for term, values in qk_term_rms(model).items()
     }

@@ -18,7 +18,7 @@ and ``(a, b2, c2)`` force ``(a, b1, c2)`` and ``(a, b2, c1)`` to be about as str
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -30,6 +30,7 @@ from qkov.circuits.qk_ov import full_ov_circuit, full_qk_circuit
 from qkov.errors import QkovError
 from qkov.linalg import FactoredMatrix
 from qkov.model import AttnOnlyTransformer
+from qkov.names import head_name
 
 SOURCE_BLOCK = 1024
 
@@ -177,3 +178,41 @@ def skip_trigram_occurs(tokens: np.ndarray, source: int, destination: int, out: 
         return False
     seen = np.concatenate([[0], np.cumsum(tokens == source)])  # seen[i]: occurrences in tokens[:i]
     return bool(((seen[hits + 1] - seen[np.maximum(hits + 1 - window, 0)]) > 0).any())
+
+
+@dataclass(frozen=True)
+class SkipTrigrams:
+    """Every first-layer head's strongest skip-trigrams and the bugs they force, by head name (token
+    ids: ``Results.tokens`` reads them)."""
+
+    tables: dict[str, list[SkipTrigram]]
+    bugs: dict[str, list[SkipTrigramBug]]
+
+
+def skip_trigram_tables(
+    model: AttnOnlyTransformer,
+    k: int = 50,
+    allowed: Bool[Tensor, "d_vocab"] | None = None,
+    corpus: np.ndarray | None = None,
+) -> SkipTrigrams:
+    """Each first-layer head's ``k`` strongest skip-trigrams among the ``allowed`` tokens
+    (:func:`strongest_skip_trigrams`) and the bugs they force (:func:`skip_trigram_bugs`); with a
+    ``corpus`` (token ids), each crossed skip-trigram says whether it occurs there within the model's
+    context (:func:`skip_trigram_occurs`)."""
+    tables, bugs = {}, {}
+    for head in range(model.cfg.n_heads):
+        circuits = head_circuits(model, 0, head, allowed)
+        trigrams = strongest_skip_trigrams(circuits, k)
+        found = skip_trigram_bugs(circuits, trigrams)
+        if corpus is not None:
+            found = [_checked(bug, corpus, model.cfg.n_ctx) for bug in found]
+        tables[head_name(0, head)], bugs[head_name(0, head)] = trigrams, found
+    return SkipTrigrams(tables, bugs)
+
+
+def _checked(bug: SkipTrigramBug, corpus: np.ndarray, window: int) -> SkipTrigramBug:
+    crossed = [
+        replace(c, in_corpus=skip_trigram_occurs(corpus, bug.source, c.destination, c.out, window))
+        for c in bug.crossed
+    ]
+    return replace(bug, crossed=crossed)

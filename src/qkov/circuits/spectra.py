@@ -1,5 +1,5 @@
 """Every head's full-vocabulary spectrum at once (section "Summarizing OV/QK Matrices"): the norm,
-top singular values, effective rank and eigenvalue copying score of each full OV circuit
+top singular values and effective rank of each full OV circuit
 ``W_E W_V W_O W_U`` (paper: ``W_U W_OV W_E``) and full QK circuit ``W_E W_Q W_K^T W_E^T / sqrt(d_head)``
 (paper: ``W_E^T W_QK W_E``), token to token, positions left out.
 
@@ -18,7 +18,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from qkov.circuits.copying import eigenvalue_positivity
 from qkov.circuits.qk_ov import shared_full_ov_circuit, shared_full_qk_circuit
 from qkov.errors import QkovError
 from qkov.linalg import numerical_rank
@@ -34,8 +33,9 @@ class HeadSpectrum:
     - ``singular_values``: the top ``k``, descending, fewer when the numerical rank is lower (the
       tolerance of ``torch.linalg.matrix_rank``);
     - ``effective_rank``: ``exp(-sum p_i log p_i)`` with ``p_i = s_i^2 / sum s^2`` over all singular
-      values (1 for a rank-one circuit, the rank when they are equal; 0 for a zero circuit);
-    - ``copying_score``: ``Re(sum l) / sum |l|`` over the eigenvalues (OV), None for QK.
+      values (1 for a rank-one circuit, the rank when they are equal; 0 for a zero circuit).
+
+    The OV circuit's eigenvalue copying score is its :class:`qkov.circuits.copying.HeadCopying`'s.
     """
 
     name: str
@@ -44,7 +44,6 @@ class HeadSpectrum:
     norm: float
     singular_values: tuple[float, ...]
     effective_rank: float
-    copying_score: float | None
 
 
 def effective_rank(S: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
@@ -71,7 +70,6 @@ def head_spectra(
     ranks = numerical_rank(S, full.m, full.n).tolist()
     norms = S.square().sum(-1).sqrt().tolist()  # the norm is exact from the same core
     effective = effective_rank(S.double()).tolist()
-    scores = eigenvalue_positivity(full.eigenvalues()).tolist() if circuit == "OV" else None
     n_layers, n_heads = full.batch_shape
     return [
         HeadSpectrum(
@@ -81,8 +79,21 @@ def head_spectra(
             norm=norms[layer][head],
             singular_values=tuple(S[layer, head, : min(k, ranks[layer][head])].tolist()),
             effective_rank=effective[layer][head],
-            copying_score=None if scores is None else scores[layer][head],
         )
         for layer in range(n_layers)
         for head in range(n_heads)
     ]
+
+
+@dataclass(frozen=True)
+class Spectra:
+    """Every head's full OV circuit ``W_E W_V W_O W_U`` and full QK circuit
+    ``W_E W_Q W_K^T W_E^T / sqrt(d_head)`` (token to token) summarised over the whole vocabulary."""
+
+    OV: list[HeadSpectrum]
+    QK: list[HeadSpectrum]
+
+
+def all_spectra(model: AttnOnlyTransformer, k: int = 10) -> Spectra:
+    """:func:`head_spectra` of both circuits of every head, ``k`` singular values each."""
+    return Spectra(head_spectra(model, "OV", k), head_spectra(model, "QK", k))

@@ -7,18 +7,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from qkov.circuits.heads import AttentionExample
 from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange, TrainingPoint
+from qkov.circuits.skip_trigrams import SkipTrigram, SkipTrigramBug
+from qkov.names import head_name, parse_head
 from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
-from qkov.report.svg import bars, esc, heatmap, line_chart, scatter, sequential, training_heatmap
-from qkov.results import AttentionExample, Claim, Results, SkipTrigramBugRow, SkipTrigramRow
+from qkov.report.svg import attention_grid, bars, esc, heatmap, line_chart, scatter, training_heatmap
+from qkov.results import Claim, Results
 
 BLUE, RED = "#1f77b4", "#d62728"
 
 
 def claims_section(claims: list[Claim]) -> str:
-    rows = [[c.claim, c.paper, c.measured, c.rule, "yes" if c.holds else "no"] for c in claims]
-    classes = ["holds" if c.holds else "fails" for c in claims]
-    held = sum(c.holds for c in claims)
+    rows = [
+        [claim.claim, claim.paper, claim.measured, claim.rule, "yes" if claim.holds else "no"]
+        for claim in claims
+    ]
+    classes = ["holds" if claim.holds else "fails" for claim in claims]
+    held = sum(claim.holds for claim in claims)
     return (
         f'<section id="claims"><h2>Claims: {held} of {len(claims)} hold</h2>'
         + table(["claim", "paper", "measured here", "holds when", "holds"], rows, classes)
@@ -59,7 +65,7 @@ def model_header(r: Results) -> str:
         )
     return (
         head
-        + "".join(f"<p class='small'>{esc(c)}</p>" for c in caveats)
+        + "".join(f"<p class='small'>{esc(caveat)}</p>" for caveat in caveats)
         + f"<p class='small'>{esc(settings)}</p>"
     )
 
@@ -137,15 +143,10 @@ def _per_token_figure(log: list[TrainingPoint], change: PhaseChange | None) -> s
     rows = [row for row in rows if len(row.loss_by_position) == len(rows[-1].loss_by_position)]
     if len(rows) < 2:
         return ""
-    columns = [
-        [v - sum(row.loss_by_position) / len(row.loss_by_position) for v in row.loss_by_position]
-        for row in rows
-    ]
-    sizes = sorted(abs(v) for column in columns for v in column)
-    limit = sizes[int(0.95 * (len(sizes) - 1))] or 1.0  # colour scale: 95% of the cells unsaturated
     marks = [(change.window_start_tokens, "10%"), (change.window_end_tokens, "90%")] if change else []
-    chart = training_heatmap(
-        [row.tokens for row in rows], columns, limit, "tokens seen", "token index", marks, "per-token loss"
+    columns = [row.loss_by_position for row in rows]
+    chart, limit = training_heatmap(
+        [row.tokens for row in rows], columns, "tokens seen", "token index", marks, "per-token loss"
     )
     return figure(
         chart,
@@ -183,10 +184,17 @@ def _phase_change_summary(name: str, change: PhaseChange) -> str:
         against = (
             f"1-layer control: {found} (narrowest half-change window {control.narrowest_decades:.2f} decades)"
         )
+    verdicts = {
+        True: "the phase change holds",
+        False: "the phase change does not hold",
+        None: "undecided: every signature is inside the window, but the rule also needs a 1-layer control "
+        "run's log (qkov reproduce trains one)",
+    }
     return (
         f"<p>{esc(name)}: window {change.window_start_tokens:,.0f}-{change.window_end_tokens:,.0f} tokens "
         f"({change.window_decades:.2f} decades); in-context-learning score {esc(icl)}; signatures inside: "
-        f"{esc(', '.join(change.signatures) or 'none')}; {esc(against)}.</p>"
+        f"{esc(', '.join(change.signatures) or 'none')}; {esc(against)}. Verdict: "
+        f"<b>{esc(verdicts[change.holds])}</b>.</p>"
     )
 
 
@@ -221,44 +229,45 @@ def phase_change_section(models: dict[str, Results]) -> str:
 
 
 def bigram_section(r: Results) -> str:
-    b = r.bigram
-    if b is None:
+    bigram = r.bigram
+    if bigram is None:
         return ""
-    s = r.tokens
+    strings = r.tokens
 
     def top(pairs: list[tuple[int, float]]) -> Raw:
-        return Raw(" ".join(f"{tok(s[t])}&nbsp;{p:.2f}" for t, p in pairs))
+        return Raw(" ".join(f"{tok(strings[token])}&nbsp;{p:.2f}" for token, p in pairs))
 
-    rows = [[tok(s[e.token]), e.count, top(e.corpus), top(e.model)] for e in b.examples]
-    correlation = "undefined" if b.correlation is None else f"{b.correlation:.3f}"
+    rows = [[tok(strings[e.token]), e.count, top(e.corpus), top(e.model)] for e in bigram.examples]
+    correlation = "undefined" if bigram.correlation is None else f"{bigram.correlation:.3f}"
     return (
         "<h3>Direct path as a bigram table</h3>"
-        f"<p>Over the {b.tokens_compared} most common tokens: correlation of log P(next | current) between "
-        f"the direct path W<sub>E</sub>W<sub>U</sub> and the corpus {correlation} ({b.pairs_compared} "
-        f"pairs); KL(corpus || model) {b.kl:.3f} nats against a corpus conditional entropy of "
-        f"{b.corpus_entropy:.3f}.</p>"
+        f"<p>Over the {bigram.tokens_compared} most common tokens: correlation of log P(next | current) "
+        f"between the direct path W<sub>E</sub>W<sub>U</sub> and the corpus {correlation} "
+        f"({bigram.pairs_compared} pairs); KL(corpus || model) {bigram.kl:.3f} nats against a corpus "
+        f"conditional entropy of {bigram.corpus_entropy:.3f}.</p>"
         + table(["token", "count", "corpus: top next tokens", "direct path: top next tokens"], rows)
     )
 
 
 def heads_section(r: Results) -> str:
-    """Every head's scores side by side, from the copying and repeated-token results."""
-    if r.copying is None or r.repeated_tokens is None:
+    """Every head's scores side by side, from the copying, direct copying and repeated-token results."""
+    if r.copying is None or r.copying_direct is None or r.repeated_tokens is None:
         return ""
     header = ["head", "OV copying (eigenvalues)", "self is top logit", "diagonal z"]
     header += ["previous-token", "induction", "duplicate-token"]
+    heads = zip(r.copying.heads, r.copying_direct, r.repeated_tokens.heads, strict=True)
     rows = [
-        [c.name, c.copying_score, c.self_top1, c.diagonal_z]
-        + [b.previous_token_score, b.induction_score, b.duplicate_token_score]
-        for c, b in zip(r.copying.heads, r.repeated_tokens.heads, strict=True)
+        [copying.name, copying.copying_score, direct.self_top1, direct.diagonal_z]
+        + [behaviour.previous_token_score, behaviour.induction_score, behaviour.duplicate_token_score]
+        for copying, direct, behaviour in heads
     ]
-    t = r.repeated_tokens
-    losses = " / ".join(f"{x:.2f}" for x in t.loss_per_repeat)
+    repeated = r.repeated_tokens
+    losses = " / ".join(f"{x:.2f}" for x in repeated.loss_per_repeat)
     return (
         "<h3>Heads</h3>"
         + table(header, rows)
-        + f"<p>Loss on {t.sequences} sequences of {t.period} random tokens repeated {t.repeats} times, "
-        f"per repeat: {losses} nats.</p>"
+        + f"<p>Loss on {repeated.sequences} sequences of {repeated.period} random tokens repeated "
+        f"{repeated.repeats} times, per repeat: {losses} nats.</p>"
     )
 
 
@@ -276,12 +285,12 @@ def _eigenvalue_plot(name: str, score: float | None, eigenvalues: list[tuple[flo
 
 
 def copying_section(r: Results) -> str:
-    c = r.copying
-    if c is None:
+    copying = r.copying
+    if copying is None:
         return ""
-    plots = "".join(_eigenvalue_plot(h.name, h.copying_score, h.eigenvalues) for h in c.heads)
-    points = [{"x": x, "y": 0.0, "label": f"random: {x:+.3f}", "colour": "#999999"} for x in c.baseline]
-    for i, h in enumerate(h for h in c.heads if h.copying_score is not None):
+    plots = "".join(_eigenvalue_plot(h.name, h.copying_score, h.eigenvalues) for h in copying.heads)
+    points = [{"x": x, "y": 0.0, "label": f"random: {x:+.3f}", "colour": "#999999"} for x in copying.baseline]
+    for i, h in enumerate(h for h in copying.heads if h.copying_score is not None):
         colour = RED if h.copies else BLUE
         label = f"{h.name}: {h.copying_score:+.3f}"  # staggered rows keep close scores readable
         points.append(
@@ -293,34 +302,36 @@ def copying_section(r: Results) -> str:
     )
     caption = (
         "Top: each head's copying score (row 1) against the scores of random matrices of the same shapes "
-        f"(row 0). Below: eigenvalues of each head's full OV circuit W_E W_V W_O W_U. {c.copying_heads} of "
-        f"{len(c.heads)} heads score above {c.threshold:+.2f}, the 99th percentile of random matrices of the "
-        f"same shapes (mean {c.baseline_mean:+.2f})."
+        "(row 0). Below: eigenvalues of each head's full OV circuit W_E W_V W_O W_U. "
+        f"{copying.copying_heads} of {len(copying.heads)} heads score above {copying.threshold:+.2f}, the "
+        f"99th percentile of random matrices of the same shapes (mean {copying.baseline_mean:+.2f})."
     )
     claim = "most one-layer heads copy: their OV eigenvalues are mostly positive (10 of 12 heads)."
     return figure(against + f"<div class='grid'>{plots}</div>", caption, claim)
 
 
 def spectra_section(r: Results) -> str:
-    s = r.spectra
-    if s is None:
+    spectra = r.spectra
+    if spectra is None:
         return ""
+    scores = {h.name: h.copying_score for h in r.copying.heads} if r.copying else {}
     parts = ["<h3>Spectra over the whole vocabulary</h3>"]
     for circuit, rows, formula in (
-        ("OV", s.OV, "W_E W_V W_O W_U"),
-        ("QK", s.QK, "W_E W_Q W_K^T W_E^T / sqrt(d_head)"),
+        ("OV", spectra.OV, "W_E W_V W_O W_U"),
+        ("QK", spectra.QK, "W_E W_Q W_K^T W_E^T / sqrt(d_head)"),
     ):
-        header = ["head", "norm", "singular values (top 3)", "effective rank", "eigenvalue copying score"]
+        header = ["head", "norm", "singular values (top 3)", "effective rank"]
+        header += ["eigenvalue copying score"] if circuit == "OV" else []
         cells = [
             [h.name, h.norm, " ".join(f"{x:.3g}" for x in h.singular_values[:3]), h.effective_rank]
-            + [h.copying_score]
+            + ([scores.get(h.name)] if circuit == "OV" else [])
             for h in rows
         ]
         parts.append(f"<h4>{circuit}: {esc(formula)}</h4>" + table(header, cells))
     parts.append(
-        "<p class='small'>Frobenius norm, largest singular values, effective rank (exp of the entropy of "
-        "s²/Σs²) and, for OV, Re(Σλ)/Σ|λ| of each head's token-to-token circuit, from factors shared by "
-        "every head (no vocabulary-sized matrix is built).</p>"
+        "<p class='small'>Frobenius norm, largest singular values and effective rank (exp of the entropy of "
+        "s²/Σs²) of each head's token-to-token circuit, from factors shared by every head (no "
+        "vocabulary-sized matrix is built); for OV, the copying score Re(Σλ)/Σ|λ| of the copying section.</p>"
     )
     return "".join(parts)
 
@@ -364,14 +375,16 @@ def copying_direct_section(r: Results) -> str:
 
 def copying_comparison_section(r: Results) -> str:
     rows = r.copying_comparison
-    if not rows:
+    if not rows or r.copying is None or r.copying_direct is None:
         return ""
+    scores = {h.name: h.copying_score or 0.0 for h in r.copying.heads}
+    z = {d.name: d.diagonal_z for d in r.copying_direct}
     points = [
-        {"x": c.copying_score, "y": c.diagonal_z, "text": c.name, "colour": RED if c.disagree else BLUE,
-         "label": f"{c.name}: eigenvalue score {c.copying_score:+.2f}, diagonal z {c.diagonal_z:+.2f}"}
+        {"x": scores[c.name], "y": z[c.name], "text": c.name, "colour": RED if c.disagree else BLUE,
+         "label": f"{c.name}: eigenvalue score {scores[c.name]:+.2f}, diagonal z {z[c.name]:+.2f}"}
         for c in rows
     ]  # fmt: skip
-    top = max(max(abs(c.diagonal_z) for c in rows), 1.0) * 1.1
+    top = max(max(abs(v) for v in z.values()), 1.0) * 1.1
     plot = scatter(
         points,
         "eigenvalue copying score",
@@ -395,29 +408,16 @@ def copying_comparison_section(r: Results) -> str:
     )
 
 
-def _static_pattern(name: str, pattern: list[list[float]]) -> str:
-    n = len(pattern)
-    cells = "".join(
-        f'<rect x="{s * 3}" y="{d * 3}" width="3" height="3" fill="{sequential(w)}"/>'
-        for d, row in enumerate(pattern)
-        for s, w in enumerate(row)
-        if w > 0.02
-    )
-    return (
-        f"<div><div class='small'>{esc(name)}</div><svg class='figure pattern' role='img' "
-        f"aria-label='pattern {esc(name)}' width='{n * 3}' height='{n * 3}' viewBox='0 0 {n * 3} {n * 3}' "
-        f"xmlns='http://www.w3.org/2000/svg'><rect width='{n * 3}' height='{n * 3}' fill='white' "
-        f"stroke='#ccc'/>{cells}</svg></div>"
-    )
-
-
 def _attention_figure(example: AttentionExample, strings: list[str]) -> str:
     data = {"strings": [shown(strings[t]) for t in example.tokens], "patterns": example.patterns}
     viewer = (
         f"<div class='attention-viewer'><script type='application/json'>{json_for_script(data)}</script>"
         "<div class='heads'></div><div class='status small'></div><div class='tokens'></div></div>"
     )
-    static = "".join(_static_pattern(name, pattern) for name, pattern in example.patterns.items())
+    static = "".join(
+        f"<div><div class='small'>{esc(name)}</div>{attention_grid(name, pattern)}</div>"
+        for name, pattern in example.patterns.items()
+    )
     return figure(
         viewer + f"<div class='grid'>{static}</div>",
         f"Attention on {example.description}. Pick a head and hover a token to see where it attends (needs "
@@ -428,10 +428,10 @@ def _attention_figure(example: AttentionExample, strings: list[str]) -> str:
 
 
 def attention_section(r: Results) -> str:
-    a = r.attention_examples
-    if a is None:
+    attention = r.attention_examples
+    if attention is None:
         return ""
-    examples = [a.repeated] + ([a.corpus] if a.corpus is not None else [])
+    examples = [attention.repeated] + ([attention.corpus] if attention.corpus is not None else [])
     return "<h3>Attention patterns</h3>" + "".join(_attention_figure(e, r.tokens) for e in examples)
 
 
@@ -449,36 +449,37 @@ def position_content_section(r: Results) -> str:
     )
 
 
-def _trigram_table(rows: list[SkipTrigramRow], bugs: list[SkipTrigramBugRow]) -> str:
+def _trigram_table(rows: list[SkipTrigram], bugs: list[SkipTrigramBug], strings: list[str]) -> str:
     if not rows:
         return "<p class='small'>No skip-trigram: no destination prefers any source (a flat QK circuit).</p>"
-    bug_pairs = {(b.source, d, o) for b in bugs for d, o in (b.first, b.second)}
+    bug_pairs = {(bug.source, d, o) for bug in bugs for d, o in (bug.first, bug.second)}
     shown_rows = rows[:12]
     cells = [
-        [tok(t.source_str), tok(t.destination_str), tok(t.out_str), t.qk, t.ov, t.strength]
+        [tok(strings[t.source]), tok(strings[t.destination]), tok(strings[t.out]), t.qk, t.ov, t.strength]
         for t in shown_rows
     ]
     classes = ["bug" if (t.source, t.destination, t.out) in bug_pairs else "" for t in shown_rows]
     return table(["source …", "destination", "→ out", "QK", "OV", "strength"], cells, classes)
 
 
-def _crossed(bug: SkipTrigramBugRow) -> Raw:
-    lines = []
-    for c in bug.crossed:
-        seen = {None: "", True: " seen in corpus", False: " <span class='never'>never in corpus</span>"}
-        line = f"{tok(c.destination_str)} → {tok(c.out_str)} (strength {c.strength:.2f})"
-        lines.append(line + seen[c.in_corpus])
+def _crossed(bug: SkipTrigramBug, strings: list[str]) -> Raw:
+    seen = {None: "", True: " seen in corpus", False: " <span class='never'>never in corpus</span>"}
+    lines = [
+        f"{tok(strings[c.destination])} → {tok(strings[c.out])} (strength {c.strength:.2f})"
+        + seen[c.in_corpus]
+        for c in bug.crossed
+    ]
     return Raw("<br>".join(lines))
 
 
-def _bug_table(bugs: list[SkipTrigramBugRow]) -> str:
+def _bug_table(bugs: list[SkipTrigramBug], strings: list[str]) -> str:
     if not bugs:
         return ""
-    rows = [
-        [tok(b.source_str), Raw(" and ".join(f"{tok(d)} → {tok(o)}" for d, o in (b.first_str, b.second_str)))]
-        + [_crossed(b)]
-        for b in bugs[:5]
-    ]
+
+    def pairs(bug: SkipTrigramBug) -> Raw:
+        return Raw(" and ".join(f"{tok(strings[d])} → {tok(strings[o])}" for d, o in (bug.first, bug.second)))
+
+    rows = [[tok(strings[bug.source]), pairs(bug), _crossed(bug, strings)] for bug in bugs[:5]]
     return (
         "<p class='small'>Bugs: pairs of strong skip-trigrams sharing a source force the crossed ones.</p>"
         + table(["source", "strong (destination, out) pairs", "forced crossings"], rows)
@@ -486,13 +487,15 @@ def _bug_table(bugs: list[SkipTrigramBugRow]) -> str:
 
 
 def skip_trigram_section(r: Results) -> str:
-    st = r.skip_trigrams
-    if st is None:
+    trigrams = r.skip_trigrams
+    if trigrams is None:
         return ""
     parts = ["<h3>Skip-trigrams</h3>"]
-    for name, rows in st.tables.items():
-        bugs = st.bugs.get(name, [])
-        parts.append(f"<h4>{esc(name)}</h4>" + _trigram_table(rows, bugs) + _bug_table(bugs))
+    for name, rows in trigrams.tables.items():
+        bugs = trigrams.bugs.get(name, [])
+        parts.append(
+            f"<h4>{esc(name)}</h4>" + _trigram_table(rows, bugs, r.tokens) + _bug_table(bugs, r.tokens)
+        )
     parts.append(
         "<p class='claim'>Paper: one-layer heads implement skip-trigrams [source] … [destination] → [out], "
         'and because QK and OV factor through the source, strong pairs force crossed ones ("keep … in '
@@ -501,19 +504,14 @@ def skip_trigram_section(r: Results) -> str:
     return "".join(parts)
 
 
-def _head_key(name: str) -> tuple[int, int]:
-    layer, head = name[1:].split("H")
-    return int(layer), int(head)
-
-
 def composition_section(r: Results) -> str:
-    c = r.composition
-    if c is None:
+    composition = r.composition
+    if composition is None:
         return ""
     figures = []
-    for kind, pairs in (("Q", c.Q), ("K", c.K), ("V", c.V)):
-        writers = sorted({p.writer for p in pairs}, key=_head_key)
-        readers = sorted({p.reader for p in pairs}, key=_head_key)
+    for kind, pairs in (("Q", composition.Q), ("K", composition.K), ("V", composition.V)):
+        writers = sorted({p.writer for p in pairs}, key=parse_head)
+        readers = sorted({p.reader for p in pairs}, key=parse_head)
         for title, value in (("baseline subtracted", lambda p: p.score), ("raw", lambda p: p.raw)):
             grid = {(p.writer, p.reader): value(p) for p in pairs}
             values = [[grid.get((w, rd)) for rd in readers] for w in writers]
@@ -521,18 +519,19 @@ def composition_section(r: Results) -> str:
             figures.append(f"<div><div class='small'>{kind}-composition, {title}</div>{chart}</div>")
     return figure(
         f"<div class='grid'>{''.join(figures)}</div>",
-        f"Composition scores, rows: earlier head, columns: later head. The baseline ({c.baseline:.3f}) is "
-        "the expected score of random heads of the same shapes; TransformerLens reports the raw score.",
+        "Composition scores, rows: earlier head, columns: later head. The baseline "
+        f"({composition.baseline:.3f}) is the expected score of random heads of the same shapes; "
+        "TransformerLens reports the raw score.",
         "only K-composition with the previous-token head stands out (the corrected paper adds that the "
         "Q- and V-composition seen earlier came from a bug in its low-rank library).",
     )
 
 
 def induction_section(r: Results) -> str:
-    rows, t = r.induction_check, r.repeated_tokens
-    if not rows or t is None:
+    rows, repeated = r.induction_check, r.repeated_tokens
+    if not rows or repeated is None:
         return ""
-    scores = {h.name: h.induction_score for h in t.heads}
+    scores = {h.name: h.induction_score for h in repeated.heads}
     points = []
     for row in rows:
         copying = row.ov_copying if row.ov_copying is not None else 0.0
@@ -540,7 +539,7 @@ def induction_section(r: Results) -> str:
             f"{row.head}: copying {copying:+.2f}, K-composition with {row.writer} "
             f"{row.k_composition_positivity:+.2f}, induction {scores[row.head] or 0.0:.2f}"
         )
-        colour = RED if row.head in t.induction_heads else BLUE
+        colour = RED if row.head in repeated.induction_heads else BLUE
         points.append(
             {
                 "x": copying,
@@ -562,7 +561,7 @@ def induction_section(r: Results) -> str:
         plot,
         "Each later-layer head: its OV copying score against the eigenvalue positivity of its token-level "
         "K-composition term with the earlier head that gives the strongest (red: induction score above "
-        f"{t.induction_threshold}).",
+        f"{repeated.induction_threshold}).",
         "induction heads sit in the top-right corner: they copy, and match 'same token' through the "
         "previous-token head.",
     )
@@ -572,7 +571,7 @@ def ablation_section(r: Results) -> str:
     effects = r.ablation
     if not effects:
         return ""
-    later = sorted({name for e in effects for name in e.induction_change}, key=_head_key)
+    later = sorted({name for e in effects for name in e.induction_change}, key=parse_head)
     rows = [f"{e.head} ({e.mode})" for e in effects]
     values = [[e.induction_change.get(name) for name in later] + [e.loss_change[-1]] for e in effects]
     return figure(
@@ -586,22 +585,22 @@ def ablation_section(r: Results) -> str:
 
 
 def term_importance_section(r: Results) -> str:
-    t = r.term_importance
-    if t is None:
+    importance = r.term_importance
+    if importance is None:
         return ""
-    order_bars = [(f"order {n + 1}", m) for n, m in enumerate(t.marginal)]
+    order_bars = [(f"order {n + 1}", m) for n, m in enumerate(importance.marginal)]
     head_bars = [
-        (f"L{layer}H{head}", v)
-        for layer, row in enumerate(t.first_order_by_head)
+        (head_name(layer, head), v)
+        for layer, row in enumerate(importance.first_order_by_head)
         for head, v in enumerate(row)
     ]
-    losses = ", ".join(f"order ≤ {n}: {v:.3f}" for n, v in enumerate(t.loss_by_order))
+    losses = ", ".join(f"order ≤ {n}: {v:.3f}" for n, v in enumerate(importance.loss_by_order))
     charts = bars(
         order_bars, "loss reduction (nats) when the paths of this order are added", "term importance by order"
     ) + bars(head_bars, "loss reduction of each head's first-order term alone", "first-order terms by head")
     return figure(
         charts,
-        f"Term importance on {t.tokens}: loss with paths up to each order kept ({losses}).",
+        f"Term importance on {importance.tokens}: loss with paths up to each order kept ({losses}).",
         "the direct path and first-order terms carry most of the loss reduction; virtual heads (second "
         "order) matter little.",
     )

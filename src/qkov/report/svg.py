@@ -305,29 +305,56 @@ def _png(rows: list[list[tuple[int, int, int]]]) -> bytes:
     )
 
 
+def saturation(values: list[float], share: float) -> float:
+    """The colour scale's end that leaves ``share`` of the ``|values|`` unsaturated (1 when all 0)."""
+    sizes = sorted(abs(v) for v in values)
+    return sizes[int(share * (len(sizes) - 1))] or 1.0
+
+
 def training_heatmap(
     tokens: list[float],
     columns: list[list[float]],
-    limit: float,
     x_label: str,
     y_label: str,
     marks: list[tuple[float, str]] = (),
     label: str = "heatmap over training",
-) -> str:
+    unsaturated: float = 0.95,
+) -> tuple[str, float]:
     """One column of values per evaluation (``columns[i][row]``, row 0 at the bottom) on a log axis of
-    training ``tokens`` (ascending), coloured by :func:`diverging_rgb`. Each pixel column shows the
-    evaluation nearest in log tokens: the picture is a PNG embedded in the SVG, a few kB where one
-    rectangle per cell would be hundreds."""
+    training ``tokens`` (ascending), each coloured by :func:`diverging_rgb` against its own column's
+    mean (red above it, blue below), the scale saturating where ``unsaturated`` of the cells stay
+    inside it. Each pixel column shows the evaluation nearest in log tokens: the picture is a PNG
+    embedded in the SVG, a few kB where one rectangle per cell would be hundreds. Returns the SVG
+    and the scale's end (for the caption)."""
+    centred = [[v - sum(column) / len(column) for v in column] for column in columns]
+    limit = saturation([v for column in centred for v in column], unsaturated)
     axes = _Axes((tokens[0], tokens[-1]), (0, len(columns[0])), log_x=True, height=300)
     x = [math.log10(t) for t in tokens]
     edges = [(a + b) / 2 for a, b in zip(x, x[1:], strict=False)]
     width, height = round(axes.width - axes.left - axes.right), axes.y(0) - axes.top
     nearest = [bisect.bisect(edges, axes.x0 + (p + 0.5) / width * (axes.x1 - axes.x0)) for p in range(width)]
-    rows = [[diverging_rgb(columns[c][i], limit) for c in nearest] for i in reversed(range(len(columns[0])))]
+    rows = [[diverging_rgb(centred[c][i], limit) for c in nearest] for i in reversed(range(len(columns[0])))]
     png = base64.b64encode(_png(rows)).decode()
     image = (
         f'<image x="{axes.left}" y="{axes.top}" width="{width}" height="{height:.1f}" '
         f'preserveAspectRatio="none" style="image-rendering:pixelated" href="data:image/png;base64,{png}"/>'
     )
     parts = axes.frame(x_label, y_label) + [image] + _marks(axes, marks)  # the image hides the grid
-    return _svg(axes.width + 20, axes.height, parts, label)  # room for the last tick's label
+    return _svg(axes.width + 20, axes.height, parts, label), limit  # room for the last tick's label
+
+
+def attention_grid(name: str, pattern: list[list[float]], cell: int = 3) -> str:
+    """A head's attention pattern as a small picture (rows: destination, columns: source), weights
+    under 0.02 left blank."""
+    n = len(pattern) * cell
+    cells = "".join(
+        f'<rect x="{src * cell}" y="{dest * cell}" width="{cell}" height="{cell}" fill="{sequential(w)}"/>'
+        for dest, row in enumerate(pattern)
+        for src, w in enumerate(row)
+        if w > 0.02
+    )
+    return (
+        f"<svg class='figure pattern' role='img' aria-label='pattern {esc(name)}' width='{n}' height='{n}' "
+        f"viewBox='0 0 {n} {n}' xmlns='http://www.w3.org/2000/svg'><rect width='{n}' height='{n}' "
+        f"fill='white' stroke='#ccc'/>{cells}</svg>"
+    )

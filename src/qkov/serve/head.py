@@ -131,16 +131,18 @@ def head_scores(ex: Explorer, progress: Progress) -> dict:
     if ex.cfg.n_layers == 0:
         raise QkovError("a model with no layers has no attention heads")
     progress.step(0, 3, "copying: OV eigenvalues, their random baseline and the direct measures")
-    copying = run_steps(ex.model, ["copying"], seed=SEED)["copying"]
+    done = run_steps(ex.model, ["copying", "copying_direct"], seed=SEED)
+    copying, direct = done["copying"], done["copying_direct"]
     progress.step(1, 3, "attention on repeated random tokens")
     repeated = run_steps(ex.model, ["repeated_tokens"], seed=SEED)["repeated_tokens"]
     progress.step(2, 3, "OV spectra")
     spectra = run_steps(ex.model, ["spectra"], seed=SEED)["spectra"].OV
     heads = [
-        asdict(c)
+        asdict(d)
+        | asdict(c)
         | asdict(b)
         | {"singular_values": list(s.singular_values), "effective_rank": s.effective_rank}
-        for c, b, s in zip(copying.heads, repeated.heads, spectra, strict=True)
+        for c, d, b, s in zip(copying.heads, direct, repeated.heads, spectra, strict=True)
     ]
     return {
         "heads": heads,

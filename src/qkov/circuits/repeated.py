@@ -1,0 +1,94 @@
+"""Behaviour on repeated random tokens (section "Two-Layer Attention-Only Transformers": a sequence
+of random tokens repeated is predictable only by looking back, so a model that has induction heads
+predicts every repeat after the first, and one that has none cannot).
+
+Each sequence is ``period`` random tokens repeated ``repeats`` times; the next-token loss is
+averaged within each repeat (:func:`qkov.data.random_tokens.loss_per_repeat`), and every head's
+previous-token, induction and duplicate-token scores (:mod:`qkov.circuits.heads`) are read from
+the same run's patterns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from qkov.circuits.ablation import repeat_behaviour
+from qkov.circuits.heads import (
+    INDUCTION_HEAD,
+    PREVIOUS_TOKEN_HEAD,
+    duplicate_token_scores,
+    previous_token_scores,
+)
+from qkov.model import AttnOnlyTransformer
+from qkov.names import head_name
+from qkov.numbers import finite
+
+
+@dataclass(frozen=True)
+class HeadBehaviour:
+    """One head's attention on repeated random tokens: mean attention one back (previous-token),
+    to the token after the previous occurrence (induction) and to the previous occurrence itself
+    (duplicate-token)."""
+
+    name: str
+    layer: int
+    head: int
+    previous_token_score: float | None
+    induction_score: float | None
+    duplicate_token_score: float | None
+
+
+@dataclass(frozen=True)
+class RepeatedTokens:
+    """Behaviour on ``sequences`` random sequences of ``period`` tokens repeated ``repeats`` times:
+    the mean next-token loss on each repeat and every head's scores. ``previous_token_heads`` and
+    ``induction_heads`` are the heads whose score passes ``previous_token_threshold`` and
+    ``induction_threshold``."""
+
+    period: int
+    repeats: int
+    sequences: int
+    loss_per_repeat: list[float]
+    heads: list[HeadBehaviour]
+    previous_token_threshold: float
+    induction_threshold: float
+    previous_token_heads: list[str]
+    induction_heads: list[str]
+
+
+@torch.no_grad()
+def repeated_token_behaviour(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], period: int, repeats: int
+) -> RepeatedTokens:
+    """The loss per repeat and every head's scores on ``tokens``, sequences repeating every
+    ``period`` positions (``repeats`` times)."""
+    logits, cache = model.run_with_cache(tokens)
+    behaviour = repeat_behaviour(logits, cache, tokens, period)
+    previous, duplicate = previous_token_scores(cache), duplicate_token_scores(cache, period)
+    heads = [
+        HeadBehaviour(
+            name=head_name(layer, head),
+            layer=layer,
+            head=head,
+            previous_token_score=finite(previous[layer, head]),
+            induction_score=finite(behaviour.induction[layer][head]),
+            duplicate_token_score=finite(duplicate[layer, head]),
+        )
+        for layer, head in np.ndindex(previous.shape)
+    ]
+    return RepeatedTokens(
+        period=period,
+        repeats=repeats,
+        sequences=tokens.shape[0],
+        loss_per_repeat=behaviour.loss_per_repeat,
+        heads=heads,
+        previous_token_threshold=PREVIOUS_TOKEN_HEAD,
+        induction_threshold=INDUCTION_HEAD,
+        previous_token_heads=[h.name for h in heads if (h.previous_token_score or 0) > PREVIOUS_TOKEN_HEAD],
+        induction_heads=[h.name for h in heads if (h.induction_score or 0) > INDUCTION_HEAD],
+    )
