@@ -14,9 +14,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import qkov
 from qkov.analyze import analyze
+from qkov.circuits.skip_trigrams import head_circuits, strongest_skip_trigrams
 from qkov.serve import build_app, is_loopback, serve
 from qkov.serve.jobs import Jobs, LRUCache
+from test_skip_trigrams_through import brute_force, dense_strengths
 
+from conftest import float64_model
 from handbuilt import induction_model, skip_trigram_model
 
 EVIL = ["<script>alert(1)</script>", "<img/src=x/onerror=alert(1)>", "</script>"]
@@ -175,6 +178,23 @@ def test_skip_trigrams_through_a_source_or_destination(tmp_path):
     assert (by_destination[0]["source"]["id"], by_destination[0]["out"]["id"]) == (5, 9)
     assert by_destination[0]["source"]["str"] == "#5"  # no tokenizer: tokens read as ids
     assert [t["id"] for t in get(client, "/api/text", text="#5 3 4")["tokens"]] == [5, 3, 4]
+    jobs.shutdown()
+
+
+def test_skip_trigrams_are_the_brute_force_and_the_strongest(tmp_path):
+    model = float64_model(n_layers=1, seed=5).requires_grad_(False)
+    app, jobs = build_app(qkov.save(model, tmp_path / "one-layer"))  # float64 kept: exact answers
+    client = TestClient(app, base_url="http://127.0.0.1")
+    circuits = head_circuits(model, 0, 2)
+    tokens, everything = circuits.tokens, strongest_skip_trigrams(circuits, k=23**3)
+    strength = dense_strengths(model, 0, 2, tokens)
+    for end, token in (("source", 4), ("source", 17), ("destination", 0), ("destination", 12)):
+        shown = get(client, "/api/head/L0H2/skip-trigrams", k=6, **{end: token})["trigrams"]
+        got = [(t["source"]["id"], t["destination"]["id"], t["out"]["id"]) for t in shown]
+        want = brute_force(strength, tokens, 6, **{end: token})
+        assert got == [w[:3] for w in want]
+        assert [t["strength"] for t in shown] == pytest.approx([w[3] for w in want], rel=1e-12)
+        assert got == [(t.source, t.destination, t.out) for t in everything if getattr(t, end) == token][:6]
     jobs.shutdown()
 
 
