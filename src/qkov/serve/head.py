@@ -85,7 +85,7 @@ def skip_trigrams(
     reads too): strength ``qk(destination, source) * ov(source, out)`` where both are positive.
     Through a destination the sources are streamed in blocks, and the job reports each block."""
     progress.step(0, 1, "centring the circuits")
-    circuits = head_circuits(ex.model, layer, head)
+    circuits = head_circuits(ex.circuit, layer, head)
     trigrams = skip_trigrams_through(
         circuits,
         source,
