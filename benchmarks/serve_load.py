@@ -26,7 +26,6 @@ import urllib.parse
 from pathlib import Path
 
 import qkov
-from qkov.config import Config
 from qkov.data.corpus import read_corpus, stdlib_root
 from qkov.data.tokenizer import train_tokenizer
 from qkov.recipes import recipe
@@ -50,10 +49,7 @@ def build_checkpoint(folder: Path) -> Path:
     corpus = read_corpus([str(stdlib_root() / "email")])
     r = recipe(2)
     tokenizer = train_tokenizer(corpus, r.vocab_size)
-    cfg = Config(
-        n_layers=2, n_heads=r.n_heads, d_model=r.d_model, d_head=r.d_head,
-        d_vocab=tokenizer.get_vocab_size(), n_ctx=r.n_ctx, positional_embedding="shortformer",
-    )  # fmt: skip
+    cfg, _ = r.configs(tokenizer.get_vocab_size())
     return qkov.save(qkov.AttnOnlyTransformer(cfg), folder, tokenizer)
 
 

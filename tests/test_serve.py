@@ -4,6 +4,7 @@ cancellable jobs, and hostile token strings and text served as data."""
 
 from __future__ import annotations
 
+import importlib
 import time
 
 import pytest
@@ -14,9 +15,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import qkov
 from qkov.analyze import analyze
+from qkov.circuits.skip_trigrams import head_circuits, strongest_skip_trigrams
 from qkov.serve import build_app, is_loopback, serve
 from qkov.serve.jobs import Jobs, LRUCache
+from test_skip_trigrams_through import brute_force, dense_strengths
 
+from conftest import float64_model, random_model, small_config
 from handbuilt import induction_model, skip_trigram_model
 
 EVIL = ["<script>alert(1)</script>", "<img/src=x/onerror=alert(1)>", "</script>"]
@@ -179,6 +183,117 @@ def test_skip_trigrams_through_a_source_or_destination(tmp_path):
     assert by_destination[0]["source"]["str"] == "#5"  # no tokenizer: tokens read as ids
     assert [t["id"] for t in get(client, "/api/text", text="#5 3 4")["tokens"]] == [5, 3, 4]
     jobs.shutdown()
+
+
+def test_skip_trigrams_are_the_brute_force_and_the_strongest(tmp_path):
+    model = float64_model(n_layers=1, seed=5).requires_grad_(False)
+    app, jobs = build_app(qkov.save(model, tmp_path / "one-layer"))  # float64 kept: exact answers
+    client = TestClient(app, base_url="http://127.0.0.1")
+    circuits = head_circuits(model, 0, 2)
+    tokens, everything = circuits.tokens, strongest_skip_trigrams(circuits, k=23**3)
+    strength = dense_strengths(model, 0, 2, tokens)
+    for end, token in (("source", 4), ("source", 17), ("destination", 0), ("destination", 12)):
+        shown = get(client, "/api/head/L0H2/skip-trigrams", k=6, **{end: token})["trigrams"]
+        got = [(t["source"]["id"], t["destination"]["id"], t["out"]["id"]) for t in shown]
+        want = brute_force(strength, tokens, 6, **{end: token})
+        assert got == [w[:3] for w in want]
+        assert [t["strength"] for t in shown] == pytest.approx([w[3] for w in want], rel=1e-12)
+        assert got == [(t.source, t.destination, t.out) for t in everything if getattr(t, end) == token][:6]
+    jobs.shutdown()
+
+
+def layer_norm_model() -> qkov.AttnOnlyTransformer:
+    """A GPT-2-style model as ``qkov import --no-fold`` keeps one: LayerNorm unfolded
+    (``normalization="LN"``), its weight near 1 and its bias drawn (folding them is not trivial),
+    biases everywhere, float64 so that the dense reference is exact."""
+    model = random_model(
+        small_config(positional_embedding="standard", normalization="LN"), seed=7, biases=True
+    )
+    gen = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".w"):
+                param.copy_(1.0 + 0.3 * torch.randn(param.shape, generator=gen))
+    return model.double().requires_grad_(False)
+
+
+def layer_norm_read(x: torch.Tensor, ln) -> torch.Tensor:
+    """What a weight after LayerNorm reads of ``x`` (the linear part, per unit scale): ``x``
+    centred over ``d_model``, times LayerNorm's weight (its bias and scale reach no circuit)."""
+    return (x - x.mean(-1, keepdim=True)) * ln.w
+
+
+def top_and_bottom(values: torch.Tensor, k: int) -> list[float]:
+    return values.topk(k).values.tolist() + values.topk(k, largest=False).values.tolist()
+
+
+def shown_ends(end: dict) -> list[float]:
+    return [t["value"] for t in end["positive"]] + [t["value"] for t in end["negative"]]
+
+
+@pytest.mark.parametrize("kind", ["Q", "K", "V"])
+def test_pair_view_of_an_unfolded_layer_norm_model_is_the_dense_reference(tmp_path, kind):
+    model = layer_norm_model()
+    app, jobs = build_app(qkov.save(model, tmp_path / "gpt2-style"))
+    body = get(
+        TestClient(app, base_url="http://127.0.0.1"),
+        "/api/pair",
+        writer="L0H1",
+        reader="L1H2",
+        kind=kind,
+        k=5,
+    )
+    jobs.shutdown()
+    a1, a2, ln0, ln1 = model.blocks[0].attn, model.blocks[1].attn, model.blocks[0].ln1, model.blocks[1].ln1
+    U, S, Vh = torch.linalg.svd(layer_norm_read(a1.W_O[1], ln1) @ getattr(a2, f"W_{kind}")[2])
+    assert body["virtual_weight"]["singular_values"] == pytest.approx(S.tolist(), abs=1e-12)
+    values = layer_norm_read(model.W_E, ln0) @ a1.W_V[1]  # [d_vocab, d_head]: each token's value
+    for i, direction in enumerate(body["virtual_weight"]["directions"]):
+        if kind == "V":  # the logits the direction writes, centred over the vocabulary (as folded)
+            reads = layer_norm_read(Vh[i] @ a2.W_O[2], model.ln_final) @ model.W_U
+            reads = reads - reads.mean()
+        else:  # the queries (keys) of every token, along the direction
+            reads = layer_norm_read(model.W_E, ln1) @ getattr(a2, {"K": "W_Q", "Q": "W_K"}[kind])[2] @ Vh[i]
+        shown = shown_ends(direction["writer"]) + shown_ends(direction["reader"])
+        assert any(  # singular vectors are defined up to one sign, shared by u and v
+            shown
+            == pytest.approx(
+                top_and_bottom(sign * values @ U[:, i], 5) + top_and_bottom(sign * reads, 5), abs=1e-12
+            )
+            for sign in (1.0, -1.0)
+        ), (kind, i)
+
+
+def test_the_explorer_folds_layer_norm_once_and_every_weight_view_reads_it(tmp_path, monkeypatch):
+    from qkov.serve.app import create_app
+    from qkov.serve.explorer import Explorer
+
+    fold = importlib.import_module("qkov.interop.fold")  # the module (qkov.interop.fold is also its function)
+
+    model = layer_norm_model()
+    ex = Explorer(qkov.load(qkov.save(model, tmp_path / "gpt2-style")), "gpt2-style")
+    assert (ex.model.cfg.normalization, ex.circuit.cfg.normalization) == ("LN", "LNPre")
+    folds, unfolded = [], fold.fold
+    monkeypatch.setattr(fold, "fold", lambda m: folds.append(m.cfg.normalization) or unfolded(m))
+    jobs = Jobs(cache_bytes=2**20)
+    client = TestClient(create_app(ex, jobs), base_url="http://127.0.0.1")
+    ov = get(client, "/api/head/L1H0/ov", token=3, k=4)
+    get(client, "/api/head/L1H0/qk", token=3, k=4)
+    get(client, "/api/head/L0H2/skip-trigrams", destination=3, k=4)
+    get(client, "/api/pair", writer="L0H0", reader="L1H0", kind="V", k=4)
+    get(client, "/api/paths", text="1 2 3", pos=2, k=4)
+    jobs.shutdown()
+    assert folds == []  # folded once, when the explorer was built
+    attn = model.blocks[1].attn
+    row = layer_norm_read(
+        layer_norm_read(model.W_E[3], model.blocks[1].ln1) @ attn.W_V[0] @ attn.W_O[0], model.ln_final
+    )
+    row = row @ model.W_U
+    assert [t["value"] for t in ov["raised"]] == pytest.approx(
+        (row - row.mean()).topk(4).values.tolist(), abs=1e-12
+    )
+    plain = Explorer(float64_model(), "no layer norm")
+    assert plain.circuit is plain.model  # nothing to fold: no copy
 
 
 def test_vocabulary_search(served):

@@ -18,8 +18,11 @@ and ``(a, b2, c2)`` force ``(a, b1, c2)`` and ``(a, b2, c1)`` to be about as str
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -83,6 +86,48 @@ def head_circuits(
         return HeadCircuits(_centred(qk), _centred(ov), tokens)
 
 
+class _Candidates(NamedTuple):
+    """Candidate triples as row/column positions of :class:`HeadCircuits`, with their ``qk`` and
+    ``ov``; the fields broadcast together to the candidates' shape (a block of sources times
+    each source's best destinations and outputs, say)."""
+
+    source: Tensor
+    destination: Tensor
+    out: Tensor
+    qk: Tensor
+    ov: Tensor
+
+    def strongest(self, k: int) -> _Candidates:
+        """The ``k`` strongest, as 1-D fields, strongest first. A candidate whose ``qk`` or ``ov``
+        is not positive has strength ``-inf``: kept, and dropped only at the end (so that a
+        merge sees the same values in the same places as one search over every block would)."""
+        shape = torch.broadcast_shapes(*(field.shape for field in self))
+        strength = (self.qk * self.ov).masked_fill((self.qk <= 0) | (self.ov <= 0), -torch.inf)
+        index = strength.expand(shape).flatten().topk(min(k, math.prod(shape))).indices
+        where = torch.unravel_index(index, shape)
+        return _Candidates(*(field.expand(shape)[where] for field in self))
+
+
+def _strongest_of(circuits: HeadCircuits, blocks: Iterable[_Candidates], k: int) -> list[SkipTrigram]:
+    """The ``k`` strongest of all the blocks' candidates (each block's best merged into the best so
+    far, so one block at a time is in memory), as skip-trigrams of token ids."""
+    best = None
+    for block in blocks:
+        found = block.strongest(k)
+        if best is None:
+            best = _Candidates(*(field.new_empty(0) for field in found))
+        best = _Candidates(*map(torch.cat, zip(best, found, strict=True))).strongest(k)
+    if best is None:
+        return []
+    tokens, trigrams = circuits.tokens, []
+    for source, destination, out, qk, ov in zip(*(field.tolist() for field in best), strict=True):
+        if qk <= 0 or ov <= 0:
+            break
+        triple = (int(tokens[source]), int(tokens[destination]), int(tokens[out]))
+        trigrams.append(SkipTrigram(*triple, qk=qk, ov=ov, strength=qk * ov))
+    return trigrams
+
+
 @torch.no_grad()
 def strongest_skip_trigrams(circuits: HeadCircuits, k: int = 50) -> list[SkipTrigram]:
     """The ``k`` strongest skip-trigrams of one head, strongest first (exact; see the module
@@ -91,34 +136,79 @@ def strongest_skip_trigrams(circuits: HeadCircuits, k: int = 50) -> list[SkipTri
     per_source = min(k, n)
     qk_values, dests = circuits.qk.T.topk_per_row(per_source)  # [source, per_source]
     ov_values, outs = circuits.ov.topk_per_row(per_source)
-    best_values = torch.empty(0, dtype=torch.float64, device=qk_values.device)
-    best_index = torch.empty(0, dtype=torch.long, device=qk_values.device)
-    for start in range(0, n, SOURCE_BLOCK):
-        q, o = qk_values[start : start + SOURCE_BLOCK], ov_values[start : start + SOURCE_BLOCK]
-        product = q[:, :, None] * o[:, None, :]  # [sources, dest rank, out rank]
-        product = product.masked_fill((q[:, :, None] <= 0) | (o[:, None, :] <= 0), -torch.inf)
-        values, index = product.flatten().topk(min(k, product.numel()))
-        best_values = torch.cat([best_values, values])
-        best_index = torch.cat([best_index, index + start * per_source * per_source])
-        keep = best_values.topk(min(k, best_values.numel())).indices
-        best_values, best_index = best_values[keep], best_index[keep]
-    trigrams = []
-    for value, index in zip(best_values.tolist(), best_index.tolist(), strict=True):
-        if value == -torch.inf:
-            break
-        source, rest = divmod(index, per_source * per_source)
-        d_rank, o_rank = divmod(rest, per_source)
-        trigrams.append(
-            SkipTrigram(
-                source=int(circuits.tokens[source]),
-                destination=int(circuits.tokens[dests[source, d_rank]]),
-                out=int(circuits.tokens[outs[source, o_rank]]),
-                qk=float(qk_values[source, d_rank]),
-                ov=float(ov_values[source, o_rank]),
-                strength=value,
-            )
+    sources = torch.arange(n, device=qk_values.device)
+    blocks = (
+        _Candidates(
+            sources[start:end, None, None],
+            dests[start:end, :, None],
+            outs[start:end, None, :],
+            qk_values[start:end, :, None],
+            ov_values[start:end, None, :],
         )
-    return trigrams
+        for start, end in _source_blocks(n)
+    )
+    return _strongest_of(circuits, blocks, k)
+
+
+def _source_blocks(n: int) -> list[tuple[int, int]]:
+    return [(start, min(start + SOURCE_BLOCK, n)) for start in range(0, n, SOURCE_BLOCK)]
+
+
+def check_through(source: int | None, destination: int | None) -> None:
+    """Refuse anything but exactly one of ``source`` and ``destination`` (see
+    :func:`skip_trigrams_through`)."""
+    if (source is None) == (destination is None):
+        raise QkovError("give exactly one of source and destination")
+
+
+def _row(circuits: HeadCircuits, token: int) -> int:
+    """The row (and column) of ``token`` in the circuits."""
+    try:
+        return circuits._position[token]
+    except KeyError:
+        raise QkovError(f"token {token} is not among the tokens searched for skip-trigrams") from None
+
+
+@torch.no_grad()
+def skip_trigrams_through(
+    circuits: HeadCircuits,
+    source: int | None = None,
+    destination: int | None = None,
+    k: int = 10,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[SkipTrigram]:
+    """The ``k`` strongest skip-trigrams ``source ... destination -> out`` of one head through a
+    given ``source`` or a given ``destination`` token (exactly one), strongest first: exact, as
+    :func:`strongest_skip_trigrams` is.
+
+    Through a source, the strength ``qk(destination, source) ov(source, out)`` is a product of a
+    column of the QK circuit and a row of the OV circuit: the ``k`` best of each hold the answer.
+    Through a destination, every source pairs one QK entry with its own best outputs, which are
+    streamed in blocks of :data:`SOURCE_BLOCK` sources; ``progress(done, total)`` is called before
+    each block (sources done of all sources), and may raise to stop the search."""
+    check_through(source, destination)
+    per = min(k, len(circuits.tokens))
+    if source is not None:
+        row = _row(circuits, source)
+        qk, dests = circuits.qk[:, row].topk(per)  # the destinations that attend to the source most
+        ov, outs = circuits.ov[row, :].topk(per)
+        at = torch.tensor([[row]], device=dests.device)
+        return _strongest_of(
+            circuits, [_Candidates(at, dests[:, None], outs[None, :], qk[:, None], ov[None, :])], k
+        )
+    row = _row(circuits, destination)
+    qk = circuits.qk[row, :]  # [source]: how much the destination attends to each source
+    at = torch.tensor([[row]], device=qk.device)
+    sources = torch.arange(len(qk), device=qk.device)
+
+    def blocks() -> Iterator[_Candidates]:
+        for start, end in _source_blocks(len(qk)):
+            if progress is not None:
+                progress(start, len(qk))
+            ov, outs = circuits.ov[start:end, :].topk_per_row(per)  # [source, per]
+            yield _Candidates(sources[start:end, None], at, outs, qk[start:end, None], ov)
+
+    return _strongest_of(circuits, blocks(), k)
 
 
 @dataclass(frozen=True)

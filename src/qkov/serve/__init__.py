@@ -4,7 +4,8 @@
 - :mod:`qkov.serve.text`, :mod:`qkov.serve.head`, :mod:`qkov.serve.pair`: the views, each a
   function calling the circuits functions ``qkov analyze`` calls;
 - :mod:`qkov.serve.jobs`: answers cached in a bounded LRU, long computations as cancellable jobs;
-- :mod:`qkov.serve.app`: the FastAPI app (endpoints, assets, security headers).
+- :mod:`qkov.serve.routes`: the endpoints, one router per view (page, text, head, pair, jobs);
+- :mod:`qkov.serve.app`: the FastAPI app assembling them (assets, security headers, errors).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The one loaded checkpoint and what every view needs from it: token strings, the checked
-inputs (text, tokens, heads, positions, top-k), and the full circuits, built once on first use.
+inputs (text, tokens, heads, positions, top-k), the model the circuits read (LayerNorm folded
+in once, at load), and the full circuits, built once on first use.
 
 Every input a request carries is checked here against the model and refused with a
 :class:`QkovError` naming the allowed range (the app answers 400): never clamped.
@@ -16,6 +17,7 @@ import torch
 from qkov.analyze import token_strings
 from qkov.circuits.qk_ov import shared_full_ov_circuit, shared_full_qk_circuit
 from qkov.errors import QkovError
+from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, parse_head
@@ -26,10 +28,16 @@ MAX_TEXT_CHARS = 4000  # typed text; the URL holds it (browsers and servers cut 
 
 
 class Explorer:
-    """A model, loaded once, with its token strings; views read it and never change it."""
+    """A model, loaded once, with its token strings; views read it and never change it.
+
+    ``model`` is the model as loaded: the text views run it. ``circuit`` is the model every
+    weight-based view reads (:func:`qkov.interop.fold.circuit_model`: with ``normalization="LN"``
+    the folded form, so that LayerNorm's weight is in every circuit; else ``model`` itself),
+    folded here once rather than by every circuit function on every call."""
 
     def __init__(self, model: AttnOnlyTransformer, name: str) -> None:
         self.model = model.eval().requires_grad_(False)
+        self.circuit = circuit_model(self.model).eval().requires_grad_(False)
         self.name = name
         self.cfg = model.cfg
         self.strings = token_strings(model.tokenizer, model.cfg.d_vocab)
@@ -52,12 +60,12 @@ class Explorer:
     @property
     def full_ov(self) -> SharedFactoredMatrix:
         """Every head's full OV circuit ``W_E (W_V W_O) W_U``, with ``W_E`` and ``W_U`` kept shared."""
-        return self.once("full_ov", lambda: shared_full_ov_circuit(self.model))
+        return self.once("full_ov", lambda: shared_full_ov_circuit(self.circuit))
 
     @property
     def full_qk(self) -> SharedFactoredMatrix:
         """Every head's full QK circuit ``W_E (W_Q W_K^T / sqrt(d_head)) W_E^T``, ``W_E`` shared."""
-        return self.once("full_qk", lambda: shared_full_qk_circuit(self.model))
+        return self.once("full_qk", lambda: shared_full_qk_circuit(self.circuit))
 
     def circuit_row(self, circuit: str, layer: int, head: int, token: int) -> FactoredMatrix:
         """Row ``token`` of one head's full OV or QK circuit, ``[1, d_vocab]``, factored: built for

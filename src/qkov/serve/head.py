@@ -15,13 +15,10 @@ seeded inputs, so the page shows the numbers ``results.json`` holds.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 
-import torch
-
 from qkov.analyze import run_steps
-from qkov.circuits.skip_trigrams import SOURCE_BLOCK, head_circuits
+from qkov.circuits.skip_trigrams import SkipTrigram, head_circuits, skip_trigrams_through
 from qkov.errors import QkovError
 from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Progress
@@ -61,14 +58,14 @@ def qk_for_token(ex: Explorer, layer: int, head: int, token: int, k: int, progre
     }
 
 
-def _trigram(ex: Explorer, source: int, destination: int, out: int, qk: float, ov: float) -> dict:
+def _trigram(ex: Explorer, t: SkipTrigram) -> dict:
     return {
-        "source": {"id": source, "str": ex.strings[source]},
-        "destination": {"id": destination, "str": ex.strings[destination]},
-        "out": {"id": out, "str": ex.strings[out]},
-        "qk": qk,
-        "ov": ov,
-        "strength": qk * ov,
+        "source": {"id": t.source, "str": ex.strings[t.source]},
+        "destination": {"id": t.destination, "str": ex.strings[t.destination]},
+        "out": {"id": t.out, "str": ex.strings[t.out]},
+        "qk": t.qk,
+        "ov": t.ov,
+        "strength": t.strength,
     }
 
 
@@ -82,45 +79,21 @@ def skip_trigrams(
     progress: Progress,
 ) -> dict:
     """The ``k`` strongest skip-trigrams ``source ... destination -> out`` through a given source
-    or a given destination, from the head's centred circuits (:func:`head_circuits`, as
-    :func:`qkov.circuits.skip_trigrams.strongest_skip_trigrams` reads them): strength
-    ``qk(destination, source) * ov(source, out)`` where both are positive (exactly one of
-    ``source`` and ``destination`` is given: the app checks). For a destination,
-    every source's best outputs are streamed in blocks of sources (a job with progress)."""
+    or a given destination (exactly one: the app checks), as
+    :func:`qkov.circuits.skip_trigrams.skip_trigrams_through` finds them in the head's centred
+    circuits (:func:`head_circuits`, which :func:`~qkov.circuits.skip_trigrams.strongest_skip_trigrams`
+    reads too): strength ``qk(destination, source) * ov(source, out)`` where both are positive.
+    Through a destination the sources are streamed in blocks, and the job reports each block."""
     progress.step(0, 1, "centring the circuits")
-    circuits = head_circuits(ex.model, layer, head)
-    if source is not None:
-        qk, dests = circuits.qk[:, source].topk(k)  # the destinations that attend to source most
-        ov, outs = circuits.ov[source, :].topk(k)
-        strength = qk[:, None] * ov[None, :]
-        strength = strength.masked_fill((qk[:, None] <= 0) | (ov[None, :] <= 0), -torch.inf)
-        values, index = strength.flatten().topk(min(k, strength.numel()))
-        rows = [
-            _trigram(ex, source, int(dests[i // k]), int(outs[i % k]), float(qk[i // k]), float(ov[i % k]))
-            for value, i in zip(values.tolist(), index.tolist(), strict=True)
-            if value > -math.inf
-        ]
-    else:
-        qk = circuits.qk[destination, :]  # [source]
-        n = qk.shape[0]
-        best, outs = [], []
-        for start in range(0, n, SOURCE_BLOCK):
-            progress.step(start, n, "each source's strongest outputs")
-            values, index = circuits.ov[start : start + SOURCE_BLOCK, :].topk_per_row(k)
-            best.append(values)
-            outs.append(index)
-        ov, outs = torch.cat(best), torch.cat(outs)  # [source, k]
-        strength = (qk[:, None] * ov).masked_fill((qk[:, None] <= 0) | (ov <= 0), -torch.inf)
-        values, index = strength.flatten().topk(min(k, strength.numel()))
-        rows = []
-        for value, i in zip(values.tolist(), index.tolist(), strict=True):
-            if value == -math.inf:
-                break
-            src, rank = divmod(i, k)
-            rows.append(
-                _trigram(ex, src, destination, int(outs[src, rank]), float(qk[src]), float(ov[src, rank]))
-            )
-    return {"layer": layer, "head": head, "trigrams": rows}
+    circuits = head_circuits(ex.circuit, layer, head)
+    trigrams = skip_trigrams_through(
+        circuits,
+        source,
+        destination,
+        k,
+        lambda done, total: progress.step(done, total, "each source's strongest outputs"),
+    )
+    return {"layer": layer, "head": head, "trigrams": [_trigram(ex, t) for t in trigrams]}
 
 
 def head_scores(ex: Explorer, progress: Progress) -> dict:

@@ -30,12 +30,12 @@ def composition_tables(ex: Explorer, progress: Progress) -> dict:
     """Raw Q/K/V composition scores of every pair, the baseline, and the K-composition
     positivity, as tensors (kept on the explorer, computed once)."""
     progress.step(0, 2, "composition scores of every pair")
-    raw = all_raw_composition_scores(ex.model, KINDS)
+    raw = all_raw_composition_scores(ex.circuit, KINDS)
     progress.step(1, 2, "K-composition circuits' eigenvalues")
     return {
         "raw": raw,
         "baseline": composition_baseline(ex.cfg.d_model, ex.cfg.d_head),
-        "positivity": k_composition_positivity(ex.model),
+        "positivity": k_composition_positivity(ex.circuit),
     }
 
 
@@ -55,19 +55,24 @@ def virtual_directions(ex: Explorer, writer: str, reader: str, kind: str, k: int
     whose queries look for that key (``W_E W_Q v``), for Q-composition the source tokens whose keys
     answer that query (``W_E W_K v``), for V-composition the logits it then writes (``v W_O W_U``).
     Singular vectors have no sign of their own: a writer token at the positive end composes
-    positively with a reader token at the positive end (and negative with negative)."""
+    positively with a reader token at the positive end (and negative with negative).
+
+    Everything is read from :attr:`Explorer.circuit`, the weights the virtual weight itself comes
+    from: with LayerNorm, its weight folded into ``W_Q``, ``W_K``, ``W_V`` and ``W_U``, and the
+    logits centred over the vocabulary (:mod:`qkov.interop.fold`)."""
     (l1, h1), (l2, h2) = ex.pair(writer, reader)
+    model = ex.circuit  # the virtual weight and its token ends from the same (folded) weights
     with torch.no_grad():
-        U, S, Vh = virtual_weights(ex.model, writer, f"{reader}.{kind}").svd()
-        writer_tokens = ex.model.W_E @ ex.model.blocks[l1].attn.W_V[h1]  # [d_vocab, d_head]
-        attn2 = ex.model.blocks[l2].attn
+        U, S, Vh = virtual_weights(model, writer, f"{reader}.{kind}").svd()
+        writer_tokens = model.W_E @ model.blocks[l1].attn.W_V[h1]  # [d_vocab, d_head]
+        attn2 = model.blocks[l2].attn
         directions = []
         for i in range(min(DIRECTIONS, len(S))):
             u, v = U[:, i], Vh[i]
             if kind == "V":
-                reads = v @ attn2.W_O[h2] @ ex.model.W_U
+                reads = v @ attn2.W_O[h2] @ model.W_U
             else:  # the other side of the dot product: queries meet a key direction, keys a query's
-                reads = ex.model.W_E @ (getattr(attn2, PARTNER[kind])[h2] @ v)
+                reads = model.W_E @ (getattr(attn2, PARTNER[kind])[h2] @ v)
             directions.append(
                 {
                     "singular_value": float(S[i]),
