@@ -159,7 +159,9 @@ def transformer_lens_config(data: dict, where: str) -> Config:
         raise QkovError(f"{where}: missing field(s) {', '.join(missing)}")
     d_mlp = 0 if data.get("attn_only") or data.get("d_mlp") is None else data["d_mlp"]
     act_fn = data.get("act_fn") or "gelu_new"
-    if d_mlp and act_fn not in ACT_FNS:
+    if not d_mlp and act_fn not in ACT_FNS:
+        act_fn = "gelu_new"  # unused without an MLP (Neel's attention-only models say "solu_ln")
+    if act_fn not in ACT_FNS:
         raise QkovError(
             f"{where}: activation {act_fn!r} is not supported (act_fn; one of {', '.join(ACT_FNS)})"
         )
