@@ -167,16 +167,17 @@ def mapped_tensor(tensor: Tensor, name: str, spec: TensorSpec, cfg: Config, wher
 def mapped_tensors(tensors: dict[str, Tensor], mapping: Mapping, where: str) -> dict[str, Tensor]:
     """The source's tensors in qkov's names, by ``mapping``; one line for a source tensor that
     is missing, or neither mapped nor ignored."""
+    for name, spec in mapping.tensors.items():
+        if spec.source not in tensors:
+            raise QkovError(f"{where}: missing tensor {spec.source} (the mapping reads it for {name})")
     used = {spec.source for spec in mapping.tensors.values()}
     for source in tensors:
         if source not in used and not any(fnmatch.fnmatchcase(source, p) for p in mapping.ignore):
             raise QkovError(f"{where}: tensor {source} is not mapped (map it, or list it under ignore)")
-    out = {}
-    for name, spec in mapping.tensors.items():
-        if spec.source not in tensors:
-            raise QkovError(f"{where}: missing tensor {spec.source} (the mapping reads it for {name})")
-        out[name] = mapped_tensor(tensors[spec.source], name, spec, mapping.config, where)
-    return out
+    return {
+        name: mapped_tensor(tensors[spec.source], name, spec, mapping.config, where)
+        for name, spec in mapping.tensors.items()
+    }
 
 
 def from_weights(
