@@ -41,8 +41,9 @@ class SourceFolder:
 
 def read_config_file(file: Path) -> dict[str, Any]:
     if not file.is_file():
-        where = f"{file.parent}: no config.json" if file.name == "config.json" else f"{file}: missing"
-        raise QkovError(where)
+        if file.name == "config.json":
+            raise QkovError(f"{file.parent}: no config.json (give one with --config)")
+        raise QkovError(f"{file}: missing")
     data = read_json(file)
     if not isinstance(data, dict):
         raise QkovError(f"{file}: expected a JSON object")
