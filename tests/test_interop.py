@@ -209,6 +209,14 @@ def test_hf_folder_imports_by_command_and_loads_as_an_ordinary_checkpoint(tmp_pa
     torch.testing.assert_close(raw(TOKENS), theirs, rtol=0, atol=FP32_TOLERANCE)
 
 
+def test_hf_folder_with_a_pickled_pytorch_model_bin_imports_the_same(tmp_path):
+    hf = gpt2_folder(tmp_path / "gpt2", tokenizer=False)
+    torch.save(hf.state_dict(), tmp_path / "gpt2" / "pytorch_model.bin")
+    (tmp_path / "gpt2" / "model.safetensors").unlink()
+    model = qkov.from_hf(tmp_path / "gpt2", fold=False)
+    torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits.detach(), rtol=0, atol=FP32_TOLERANCE)
+
+
 def test_untied_hf_folder_uses_its_lm_head(tmp_path):
     hf = gpt2_folder(tmp_path / "gpt2", tie_word_embeddings=False)
     torch.testing.assert_close(
@@ -258,13 +266,13 @@ def bad_folder(kind, folder):
     hf = lambda: gpt2_folder(folder, tokenizer=False)  # noqa: E731
     tlf = lambda **kw: save_transformer_lens(tl_model(False, **kw), folder)  # noqa: E731
     cases = {
-        "pickle only": (
+        "corrupt pickle": (
             lambda: (
-                folder.mkdir(),
-                (folder / "config.json").write_text("{}"),
+                hf(),
+                (folder / "model.safetensors").unlink(),
                 (folder / "pytorch_model.bin").write_bytes(b"x"),
             ),
-            "only pytorch_model.bin .* convert it to safetensors",
+            "pytorch_model.bin: not a readable PyTorch pickle",
         ),
         "corrupt": (
             lambda: (hf(), (folder / "model.safetensors").write_bytes(b"\x00" * 50)),
@@ -348,7 +356,7 @@ def bad_folder(kind, folder):
 
 
 BAD = [
-    *("pickle only", "corrupt", "truncated", "shapes", "nan", "missing", "llama", "inverse layer scale"),
+    *("corrupt pickle", "corrupt", "truncated", "shapes", "nan", "missing", "llama", "inverse layer scale"),
     *("activation", "no config", "bad json", "unknown kind", "rotary", "gqa", "parallel", "rms"),
     *("final rms", "solu", "tl nan", "tl shapes", "no folder"),
 ]

@@ -47,7 +47,7 @@ from qkov.circuits.qk_ov import (
 from qkov.circuits.spectra import HeadSpectrum, head_spectra
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.interop import from_hf, from_transformer_lens
+from qkov.interop import from_hf, from_transformer_lens, from_weights
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix, TopK
 from qkov.model import AttnOnlyTransformer, Transformer
 from qkov.results import Reproduction, Results, load_results
@@ -76,6 +76,7 @@ __all__ = [
     "direct_copying",
     "from_hf",
     "from_transformer_lens",
+    "from_weights",
     "frozen_patterns",
     "full_ov_circuit",
     "full_qk_circuit",

@@ -321,23 +321,37 @@ def summary_lines(results: Results) -> list[str]:
 def add_import_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "import",
-        help="import a Hugging Face GPT-2 or TransformerLens folder as a qkov checkpoint",
-        description="Read SRC, a Hugging Face GPT-2 folder (config.json, model.safetensors, "
-        "[tokenizer.json]) or a TransformerLens folder (config.json from cfg.to_dict(), "
-        "model.safetensors from state_dict()), fold its LayerNorm and centre its weights as "
-        "TransformerLens does, and write a qkov checkpoint folder.",
+        help="import a Hugging Face GPT-2, TransformerLens or any model (by a mapping) as a qkov checkpoint",
+        description="Read SRC, a folder or a weights file (model.safetensors, or a pickled .pt/.pth/.bin "
+        "state dict, read only through torch.load(weights_only=True): tensors and plain containers, "
+        "never code): a Hugging Face GPT-2 or a TransformerLens model (config.json from cfg.to_dict() "
+        "or in the legacy keys of Neel Nanda's models) with the config.json beside it, or weights in "
+        "any layout with --mapping. Fold its LayerNorm and centre its weights as TransformerLens does, "
+        "and write a qkov checkpoint folder.",
     )
-    p.add_argument("src", help="the folder to import")
+    p.add_argument("src", help="the folder or weights file to import")
     p.add_argument("--out", required=True, help="the qkov checkpoint folder to write")
     p.add_argument("--no-fold", action="store_true", help="keep LayerNorm as it is and change no weight")
+    p.add_argument("--config", help="the config.json to use (default: the one beside the weights)")
+    p.add_argument(
+        "--mapping", help="a JSON file mapping the weights' own keys to qkov's, with the model's config"
+    )
+    p.add_argument(
+        "--check",
+        metavar="REF",
+        help="a safetensors file of tokens [batch, pos] and the source's logits [batch, pos, d_vocab]: "
+        "print the largest log-probability difference; refuse the import above 1e-4",
+    )
 
 
 def import_command(args: argparse.Namespace) -> None:
     from qkov.interop import import_checkpoint
 
-    model, notes = import_checkpoint(args.src, args.out, fold=not args.no_fold)
-    for note in notes:
-        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    model, lines = import_checkpoint(
+        args.src, args.out, not args.no_fold, args.config, args.mapping, args.check
+    )
+    for line in lines:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     cfg = model.cfg
     mlp = f"MLP d_mlp {cfg.d_mlp} ({cfg.act_fn})" if cfg.has_mlp else "attention-only"
     console.print(

@@ -1,9 +1,11 @@
 """Models in and out of qkov: Hugging Face GPT-2 (:mod:`qkov.interop.hf`), TransformerLens
-(:mod:`qkov.interop.transformer_lens`) and LayerNorm folding (:mod:`qkov.interop.fold`).
+(:mod:`qkov.interop.transformer_lens`, legacy configs in :mod:`qkov.interop.tl_legacy`), weights in
+any other layout by a key mapping (:mod:`qkov.interop.mapping`), pickled state dicts read safely
+(:mod:`qkov.interop.pickled`) and LayerNorm folding (:mod:`qkov.interop.fold`).
 
 An imported model is an ordinary qkov model (:class:`qkov.Transformer`); ``cfg.source`` says where
-it came from. :func:`import_checkpoint` is ``qkov import``: it tells the two kinds of folder apart by
-their ``config.json`` and writes a qkov checkpoint folder.
+it came from. :func:`import_checkpoint` is ``qkov import``: it tells the kinds of source apart by
+their ``config.json`` (or reads a mapping) and writes a qkov checkpoint folder.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from pathlib import Path
 
 from qkov.checkpoint import save
 from qkov.errors import QkovError
+from qkov.interop.agreement import checked_agreement, log_prob_difference, reference_file
 from qkov.interop.fold import Folded, FoldNote, fold
 from qkov.interop.hf import from_hf
-from qkov.interop.source import read_config_json, weights_file
+from qkov.interop.mapping import from_weights
+from qkov.interop.source import config_file, read_config_file, weights_file
+from qkov.interop.tl_legacy import is_legacy
 from qkov.interop.transformer_lens import (
     from_transformer_lens,
     save_transformer_lens,
@@ -32,42 +37,65 @@ __all__ = [
     "folder_kind",
     "from_hf",
     "from_transformer_lens",
+    "from_weights",
     "import_checkpoint",
+    "log_prob_difference",
     "save_transformer_lens",
     "to_hooked_transformer",
     "to_transformer_lens",
 ]
 
 
-def folder_kind(folder: Path) -> str:
-    """``"huggingface"`` (its config.json has ``model_type``) or ``"transformer_lens"`` (it has
-    ``normalization_type`` or ``positional_embedding_type``)."""
-    data = read_config_json(folder)
+def folder_kind(src: Path, config: str | os.PathLike | None = None) -> str:
+    """``"huggingface"`` (the config has ``model_type``) or ``"transformer_lens"`` (it has
+    ``normalization_type`` or ``positional_embedding_type``, or is a legacy config); the config is
+    ``config``, else the ``config.json`` beside ``src``'s weights."""
+    file = config_file(weights_file(Path(src)), config)
+    data = read_config_file(file)
     if "model_type" in data:
         return "huggingface"
-    if "normalization_type" in data or "positional_embedding_type" in data:
+    if "normalization_type" in data or "positional_embedding_type" in data or is_legacy(data):
         return "transformer_lens"
     if "positional_embedding" in data:
-        raise QkovError(f"{folder}: already a qkov checkpoint (nothing to import)")
+        raise QkovError(f"{file.parent}: already a qkov checkpoint (nothing to import)")
     raise QkovError(
-        f"{folder / 'config.json'}: neither a Hugging Face config (model_type) nor a TransformerLens "
-        "config (normalization_type)"
+        f"{file}: neither a Hugging Face config (model_type) nor a TransformerLens config "
+        "(normalization_type, or the legacy normalization); weights in another layout need --mapping"
     )
 
 
 def import_checkpoint(
-    src: str | os.PathLike, out: str | os.PathLike, fold: bool = True
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    fold: bool = True,
+    config: str | os.PathLike | None = None,
+    mapping: str | os.PathLike | None = None,
+    reference: str | os.PathLike | None = None,
 ) -> tuple[Transformer, list[str]]:
-    """``qkov import``: read the folder ``src`` (Hugging Face or TransformerLens), fold it unless
-    ``fold`` is false, and save a qkov checkpoint folder at ``out``. Returns the model and the notes
-    (one line each) about folding that could not be done exactly."""
+    """``qkov import``: read ``src`` (a folder, or a weights file: safetensors or a pickled state
+    dict) as Hugging Face or TransformerLens weights with ``config`` (default: the ``config.json``
+    beside them), or through ``mapping`` (:mod:`qkov.interop.mapping`); fold it unless ``fold`` is
+    false; with ``reference`` (a safetensors file of ``tokens`` and the source's ``logits``), check
+    the log-probabilities agree; and save a qkov checkpoint folder at ``out``, only once all that
+    succeeded. Returns the model and the lines to show: ``note: ...`` for each folding step that
+    could not be done exactly, and the agreement with the reference."""
     src, out = Path(src), Path(out)
-    weights_file(src)
-    if out.resolve() == src.resolve():
+    weights = weights_file(src)
+    if out.resolve() == weights.parent.resolve():
         raise QkovError(f"{out}: the output folder must differ from the source folder")
-    kind = folder_kind(src)
+    if mapping is not None and config is not None:
+        raise QkovError("give a config or a mapping, not both (a mapping holds the model's config)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FoldNote)
-        model = from_hf(src, fold) if kind == "huggingface" else from_transformer_lens(src, fold)
+        if mapping is not None:
+            model = from_weights(weights, mapping, fold)
+        elif folder_kind(src, config) == "huggingface":
+            model = from_hf(src, fold, config)
+        else:
+            model = from_transformer_lens(src, fold, config)
+    lines = [f"note: {w.message}" for w in caught if issubclass(w.category, FoldNote)]
+    if reference is not None:
+        tokens, logits = reference_file(reference)
+        lines.append(checked_agreement(model, tokens, logits, str(reference)))
     save(model, out)
-    return model, [str(w.message) for w in caught if issubclass(w.category, FoldNote)]
+    return model, lines

@@ -13,7 +13,6 @@ GPT-2's LM head has no bias: ``b_U = 0``.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from einops import rearrange
 
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.interop.source import check_finite, model_from_source, read_source_folder
+from qkov.interop.source import check_finite, model_from_source, read_source
 from qkov.model import Transformer
 
 ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
@@ -154,17 +153,17 @@ def hf_to_qkov_tensors(tensors: dict[str, torch.Tensor], cfg: Config, tied: bool
     return out
 
 
-def from_hf(model_or_folder: Any, fold: bool = True) -> Transformer:
-    """A qkov model from a Hugging Face ``GPT2LMHeadModel`` or a folder it saved with
-    ``save_pretrained(safe_serialization=True)`` (its ``tokenizer.json`` carried over), folded by
-    default (:func:`qkov.interop.fold.fold`). Raises :class:`QkovError` with one line for what is
-    missing, broken or unsupported. A folder needs no ``transformers`` installed."""
+def from_hf(model_or_folder: Any, fold: bool = True, config: str | os.PathLike | None = None) -> Transformer:
+    """A qkov model from a Hugging Face ``GPT2LMHeadModel``, a folder it saved (``model.safetensors``
+    or a pickled ``pytorch_model.bin``, read by :mod:`qkov.interop.pickled`; its ``tokenizer.json``
+    carried over) or such a weights file, folded by default (:func:`qkov.interop.fold.fold`);
+    ``config`` replaces the ``config.json`` beside the weights. Raises :class:`QkovError` with one
+    line for what is missing, broken or unsupported. A folder needs no ``transformers`` installed."""
     if isinstance(model_or_folder, str | os.PathLike):
-        folder = Path(model_or_folder)
-        source = read_source_folder(folder)
+        source = read_source(model_or_folder, config)
         data, state, tokenizer = source.config, source.tensors, source.tokenizer_folder
-        where = str(folder / "model.safetensors")
-        cfg = hf_config(data, str(folder / "config.json"))
+        where = str(source.weights)
+        cfg = hf_config(data, str(source.config_file))
     else:
         data = model_or_folder.config.to_dict()
         state, tokenizer, where = dict(model_or_folder.state_dict()), None, type(model_or_folder).__name__

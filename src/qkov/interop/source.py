@@ -1,9 +1,15 @@
-"""Reading a model folder written by another library (Hugging Face, TransformerLens): its JSON
-config and its safetensors weights, with one clear line for everything that can be wrong. Never
-unpickle: a folder with only ``pytorch_model.bin`` is refused with instructions to convert it."""
+"""Reading a model written by another library (Hugging Face, TransformerLens, a researcher's own
+code): its JSON config and its weights, with one clear line for everything that can be wrong.
+
+Weights are a ``model.safetensors`` file or a pickled state dict (``.pt``, ``.pth``, ``.bin``), read
+only through ``torch.load(weights_only=True)`` (:mod:`qkov.interop.pickled`): tensors and plain
+containers, never code. A source is a folder (its ``model.safetensors``, else its one pickle) or a
+weights file; its config is the ``config.json`` beside the weights unless another is given.
+"""
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,59 +20,78 @@ import torch
 from qkov.checkpoint import all_finite, load_tokenizer, model_from_tensors, read_tensors
 from qkov.config import Config
 from qkov.errors import QkovError
+from qkov.interop.pickled import PICKLE_SUFFIXES, read_pickled_tensors
 from qkov.io import read_json
 from qkov.model import Transformer
 
-CONVERT_HINT = (
-    'qkov never unpickles weights; convert it to safetensors first, e.g. python -c "from transformers '
-    "import AutoModelForCausalLM as M; M.from_pretrained('{folder}').save_pretrained('{folder}', "
-    'safe_serialization=True)" (this unpickles: run it only on files you trust)'
-)
+WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 
 
 @dataclass(frozen=True)
 class SourceFolder:
-    """A folder's parsed ``config.json``, its tensors, and the folder when it has a tokenizer.json."""
+    """A source's parsed config, its tensors, the folder when it has a tokenizer.json, and the
+    weights' and config's files (to name them in errors)."""
 
     config: dict[str, Any]
     tensors: dict[str, torch.Tensor]
     tokenizer_folder: Path | None
+    weights: Path
+    config_file: Path
 
 
-def read_config_json(folder: Path) -> dict[str, Any]:
-    file = folder / "config.json"
+def read_config_file(file: Path) -> dict[str, Any]:
     if not file.is_file():
-        raise QkovError(f"{folder}: no config.json")
+        if file.name == "config.json":
+            raise QkovError(f"{file.parent}: no config.json (give one with --config)")
+        raise QkovError(f"{file}: missing")
     data = read_json(file)
     if not isinstance(data, dict):
         raise QkovError(f"{file}: expected a JSON object")
     return data
 
 
-def weights_file(folder: Path) -> Path:
-    """The folder's ``model.safetensors``, with one line when the folder or the file is missing
-    (and how to convert a pickled ``pytorch_model.bin``)."""
-    if not folder.is_dir():
-        raise QkovError(f"{folder}: no such folder")
-    weights = folder / "model.safetensors"
-    if not weights.exists():
-        if (folder / "pytorch_model.bin").exists():
-            raise QkovError(
-                f"{folder}: only pytorch_model.bin (a pickle); " + CONVERT_HINT.format(folder=folder)
-            )
-        if (folder / "model.safetensors.index.json").exists():
-            raise QkovError(f"{folder}: sharded safetensors are not supported (model.safetensors.index.json)")
-        raise QkovError(f"{folder}: no model.safetensors")
-    return weights
+def weights_file(src: Path) -> Path:
+    """The weights of ``src``: the file itself, or a folder's ``model.safetensors``, else its one
+    pickled state dict; one line when there is none, or several to choose from."""
+    if src.is_file():
+        if src.suffix not in WEIGHT_SUFFIXES:
+            raise QkovError(f"{src}: not a weights file (expected {', '.join(WEIGHT_SUFFIXES)})")
+        return src
+    if not src.is_dir():
+        raise QkovError(f"{src}: no such folder")
+    if (src / "model.safetensors").exists():
+        return src / "model.safetensors"
+    if (src / "model.safetensors.index.json").exists():
+        raise QkovError(f"{src}: sharded safetensors are not supported (model.safetensors.index.json)")
+    pickles = sorted(f.name for f in src.iterdir() if f.suffix in PICKLE_SUFFIXES and f.is_file())
+    if len(pickles) > 1:
+        raise QkovError(f"{src}: several weights files ({', '.join(pickles)}): give the one to import")
+    if not pickles:
+        raise QkovError(f"{src}: no model.safetensors and no .pt, .pth or .bin state dict")
+    return src / pickles[0]
 
 
-def read_source_folder(folder: Path) -> SourceFolder:
-    """Config, tensors and tokenizer folder of a model folder (see the module docstring)."""
-    weights = weights_file(folder)
-    config = read_config_json(folder)
-    tensors, _ = read_tensors(weights)
-    tokenizer_folder = folder if (folder / "tokenizer.json").is_file() else None
-    return SourceFolder(config, tensors, tokenizer_folder)
+def read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file or a pickled state dict (see the module docstring)."""
+    if file.suffix == ".safetensors":
+        return read_tensors(file)[0]
+    return read_pickled_tensors(file)
+
+
+def config_file(weights: Path, config: str | os.PathLike | None) -> Path:
+    """``config``, else the ``config.json`` beside the weights."""
+    return Path(config) if config is not None else weights.parent / "config.json"
+
+
+def read_source(src: str | os.PathLike, config: str | os.PathLike | None = None) -> SourceFolder:
+    """Config, tensors and tokenizer folder of a source (see the module docstring); ``config``
+    replaces the ``config.json`` beside the weights."""
+    weights = weights_file(Path(src))
+    file = config_file(weights, config)
+    data = read_config_file(file)
+    tensors = read_weights(weights)
+    tokenizer_folder = weights.parent if (weights.parent / "tokenizer.json").is_file() else None
+    return SourceFolder(data, tensors, tokenizer_folder, weights, file)
 
 
 def check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:

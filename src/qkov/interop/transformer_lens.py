@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 
 from qkov.config import ACT_FNS, Config
 from qkov.errors import QkovError
-from qkov.interop.source import check_finite, model_from_source, read_source_folder
+from qkov.interop.source import check_finite, model_from_source, read_source
+from qkov.interop.tl_legacy import is_legacy, legacy_config_dict
 from qkov.io import atomic_write, atomic_write_text
 from qkov.model import Transformer
 
@@ -145,8 +146,11 @@ _REQUIRED = ("n_layers", "n_heads", "d_model", "d_head", "d_vocab", "n_ctx")
 
 
 def transformer_lens_config(data: dict, where: str) -> Config:
-    """The qkov config of a TransformerLens ``cfg.to_dict()``, refusing what qkov cannot run with
-    one line naming the feature and the config key."""
+    """The qkov config of a TransformerLens ``cfg.to_dict()`` or of a legacy config
+    (:mod:`qkov.interop.tl_legacy`), refusing what qkov cannot run with one line naming the feature
+    and the config key."""
+    if is_legacy(data):
+        data = legacy_config_dict(data, where)
     for key, unsupported, feature in _UNSUPPORTED:
         if key in data and unsupported(data[key]):
             raise QkovError(f"{where}: {feature} is not supported ({key}={data[key]!r})")
@@ -155,7 +159,9 @@ def transformer_lens_config(data: dict, where: str) -> Config:
         raise QkovError(f"{where}: missing field(s) {', '.join(missing)}")
     d_mlp = 0 if data.get("attn_only") or data.get("d_mlp") is None else data["d_mlp"]
     act_fn = data.get("act_fn") or "gelu_new"
-    if d_mlp and act_fn not in ACT_FNS:
+    if not d_mlp and act_fn not in ACT_FNS:
+        act_fn = "gelu_new"  # unused without an MLP (Neel's attention-only models say "solu_ln")
+    if act_fn not in ACT_FNS:
         raise QkovError(
             f"{where}: activation {act_fn!r} is not supported (act_fn; one of {', '.join(ACT_FNS)})"
         )
@@ -182,15 +188,20 @@ def transformer_lens_tensors(weights: dict[str, torch.Tensor]) -> dict[str, torc
     return {_FROM_TOP_LEVEL.get(name, name): t for name, t in weights.items()}
 
 
-def from_transformer_lens(hooked_or_folder: Any, fold: bool = True) -> Transformer:
-    """A qkov model from a TransformerLens ``HookedTransformer`` or a folder written by
-    :func:`save_transformer_lens`, folded by default (:func:`qkov.interop.fold.fold`). Raises
-    :class:`QkovError` with one line for what is missing, broken or unsupported."""
+def from_transformer_lens(
+    hooked_or_folder: Any, fold: bool = True, config: str | os.PathLike | None = None
+) -> Transformer:
+    """A qkov model from a TransformerLens ``HookedTransformer``, or from a folder or weights file:
+    ``model.safetensors`` or a pickled ``.pth``/``.pt`` state dict (read by
+    :mod:`qkov.interop.pickled`) beside a ``config.json`` from ``cfg.to_dict()`` (as
+    :func:`save_transformer_lens` writes) or in the legacy keys of Neel Nanda's models
+    (:mod:`qkov.interop.tl_legacy`); ``config`` replaces the ``config.json`` beside the weights.
+    Folded by default (:func:`qkov.interop.fold.fold`). Raises :class:`QkovError` with one line
+    for what is missing, broken or unsupported."""
     if isinstance(hooked_or_folder, str | os.PathLike):
-        folder = Path(hooked_or_folder)
-        source = read_source_folder(folder)
-        cfg = transformer_lens_config(source.config, str(folder / "config.json"))
-        tensors, where, tokenizer = source.tensors, str(folder / "model.safetensors"), source.tokenizer_folder
+        source = read_source(hooked_or_folder, config)
+        cfg = transformer_lens_config(source.config, str(source.config_file))
+        tensors, where, tokenizer = source.tensors, str(source.weights), source.tokenizer_folder
     else:
         cfg_data = dict(hooked_or_folder.cfg.to_dict())
         cfg = transformer_lens_config(cfg_data, "HookedTransformer config")

@@ -1,0 +1,73 @@
+"""Does an imported model compute what its source computes? The largest difference between its
+log-probabilities and those of a reference (the source's own forward, or logits saved from it), in
+float64: a mapping that reads a tensor in the wrong orientation or splits heads in the wrong order
+shows up here as a difference of order one, an exact import as float rounding."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from qkov.checkpoint import read_tensors
+from qkov.errors import QkovError
+from qkov.model import Transformer
+
+TOLERANCE = 1e-4  # log-probabilities; float32 sources agree to about 1e-6, a wrong layout to about 1
+
+
+def log_prob_difference(
+    model: Transformer, tokens: Int[Tensor, "batch pos"], reference: Float[Tensor, "batch pos d_vocab"]
+) -> float:
+    """``max |log_softmax(model(tokens)) - log_softmax(reference)|``, both in float64 (``reference``
+    holds logits or log-probabilities: ``log_softmax`` of log-probabilities is themselves)."""
+    tokens = model.check_tokens(tokens)
+    if tuple(reference.shape) != (*tokens.shape, model.cfg.d_vocab):
+        raise QkovError(
+            f"reference logits have shape {tuple(reference.shape)}, expected "
+            f"{(*tokens.shape, model.cfg.d_vocab)} (the tokens' shape and d_vocab)"
+        )
+    with torch.no_grad():
+        ours = copy.deepcopy(model).double()(tokens).log_softmax(-1)
+        theirs = reference.detach().to(ours.device, torch.float64).log_softmax(-1)
+    return float((ours - theirs).abs().max())
+
+
+def checked_agreement(
+    model: Transformer, tokens: Tensor, reference: Tensor, what: str, tolerance: float = TOLERANCE
+) -> str:
+    """The line that reports the agreement with ``what``; raises :class:`QkovError` (one line)
+    when the largest log-probability difference exceeds ``tolerance``."""
+    difference = log_prob_difference(model, tokens, reference)
+    batch, pos = model.check_tokens(tokens).shape
+    line = f"largest log-probability difference against {what}: {difference:.1e} ({batch} x {pos} tokens)"
+    if not difference <= tolerance:
+        raise QkovError(f"the imported model disagrees: {line}, above the tolerance {tolerance:g}")
+    return line
+
+
+def forward_reference(
+    model: Transformer, forward: Callable[[Tensor], Tensor], tokens: Tensor | None = None
+) -> tuple[Int[Tensor, "batch pos"], Tensor]:
+    """Tokens (given, else 4 random sequences of ``n_ctx`` tokens, seed 0) and ``forward``'s
+    logits on them."""
+    if tokens is None:
+        generator = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, model.cfg.d_vocab, (4, model.cfg.n_ctx), generator=generator)
+    with torch.no_grad():
+        return tokens, forward(tokens)
+
+
+def reference_file(path: str | os.PathLike) -> tuple[Int[Tensor, "batch pos"], Tensor]:
+    """``tokens`` (integer, ``[batch, pos]``) and ``logits`` (or log-probabilities,
+    ``[batch, pos, d_vocab]``) from a safetensors file saved from the source's own forward."""
+    tensors, _ = read_tensors(Path(path))
+    missing = [name for name in ("tokens", "logits") if name not in tensors]
+    if missing:
+        raise QkovError(f"{path}: missing tensor {missing[0]} (a reference holds tokens and logits)")
+    return tensors["tokens"], tensors["logits"]
