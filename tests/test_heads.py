@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkov.circuits.heads import induction_scores, previous_token_scores
+from qkov.circuits.heads import duplicate_token_scores, induction_scores, previous_token_scores
 
-from handbuilt import induction_model
+from handbuilt import induction_model, pointer_arithmetic_model
 
 
 def shifted(n: int, offset: int) -> torch.Tensor:
@@ -49,3 +49,31 @@ def test_a_perfect_induction_head_scores_one():
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     assert float(induction_scores(cache, period=4)[1, 0]) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_duplicate_token_head_scores_one_and_a_half_duplicate_half():
+    """Period 4 over 12 positions: a head attending exactly one period back scores 1 (every
+    destination from position 4 on), one that splits its attention between one period back and the
+    previous token scores 1/2, and the induction offset (one period back, plus one) scores 0."""
+    period, n = 4, 12
+    half = 0.5 * shifted(n, period) + 0.5 * shifted(n, 1)
+    cache = {
+        "blocks.0.attn.hook_pattern": torch.stack([shifted(n, period), half, shifted(n, period - 1)])[None]
+    }
+    scores = duplicate_token_scores(cache, period)
+    assert scores.shape == (1, 3)
+    assert scores[0].tolist() == pytest.approx([1.0, 0.5, 0.0])
+
+
+def test_the_hand_built_duplicate_token_head_splits_between_earlier_occurrences():
+    """handbuilt.pointer_arithmetic_model's L0H0 attends to every earlier occurrence of the current
+    token alike. On 4 distinct tokens repeated three times, the second repeat has one earlier
+    occurrence (one period back: weight 1) and the third two (weight 1/2 each), so its
+    duplicate-token score is (4 x 1 + 4 x 1/2) / 8 = 0.75; the previous-token head of
+    induction_model attends one back, never one period back: 0."""
+    tokens = torch.randperm(31)[:4].add(1).repeat(3)[None]
+    with torch.no_grad():
+        _, pointer = pointer_arithmetic_model().run_with_cache(tokens)
+        _, previous = induction_model().run_with_cache(tokens)
+    assert float(duplicate_token_scores(pointer, period=4)[0, 0]) == pytest.approx(0.75, abs=1e-4)
+    assert float(duplicate_token_scores(previous, period=4)[0, 0]) == pytest.approx(0.0, abs=1e-4)

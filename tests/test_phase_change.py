@@ -39,7 +39,7 @@ def test_the_window_of_a_logistic_rise_is_its_known_width():
     assert (change.initial_induction, change.final_induction) == pytest.approx((0.02, 0.52), abs=1e-6)
     assert change.initial_icl == pytest.approx(-0.1, abs=1e-6)
     assert change.signatures == ["induction_score", "icl_score", "loss_bump"]
-    assert change.control is None and not change.holds  # one checkpoint alone: no control
+    assert change.control is None and change.holds is None  # every signature, but no control: undecided
 
 
 def test_all_three_signatures_and_a_control_without_a_window_hold():
@@ -74,7 +74,7 @@ def test_a_gradual_rise_is_not_a_phase_change():
 
 def test_no_bump_when_the_loss_slope_only_flattens():
     change = phase_change(two_layer(bump=0.0), ONE_LAYER_LINEAR)
-    assert change.signatures == ["induction_score", "icl_score"] and not change.holds
+    assert change.signatures == ["induction_score", "icl_score"] and change.holds is False
     slopes = [v for _, v in change.loss_slope]
     assert slopes == sorted(slopes)  # d/dx (7 - 0.3 x + 0.02 (x - 4)^2) = -0.3 + 0.04 (x - 4)
     first = math.log10(change.loss_slope[0][0])
@@ -155,8 +155,10 @@ def test_analyze_judges_the_log_in_a_checkpoint_folder(tmp_path, capsys):
     change = qkov.load_results(tmp_path / "out" / "results.json").phase_change
     assert change == phase_change(two_layer())  # through results.json and back
     assert change.signatures == ["induction_score", "icl_score", "loss_bump"] and change.control is None
+    assert change.holds is None  # not "no": the rule's control is missing
     html = (tmp_path / "out" / "report.html").read_text()
     assert "no 1-layer control in these results (one checkpoint alone)" in html
+    assert "Verdict: <b>undecided: every signature is inside the window, but the rule also needs" in html
 
 
 def test_a_log_from_another_program_reads_the_same(tmp_path):

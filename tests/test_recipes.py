@@ -28,7 +28,22 @@ def test_the_paper_preset_has_the_papers_sizes():
         recipe(-1)
 
 
-@pytest.mark.parametrize("n_layers", [0, 1, 2, 3])
-def test_every_depth_has_a_valid_recipe(n_layers):
+@pytest.mark.parametrize(
+    "n_layers, heads, d_head, steps, batch, schedule",
+    [(0, 4, 32, 1000, 16, "cosine"), (1, 8, 16, 1500, 16, "cosine"), (2, 4, 32, 14000, 8, "constant"),
+     (3, 4, 32, 14000, 8, "constant")],
+)  # fmt: skip
+def test_every_depth_has_the_measured_recipe(n_layers, heads, d_head, steps, batch, schedule):
+    """The defaults the README's "Choosing the defaults" measured: d_model 128, a 128-token context,
+    and the tokenizer's actual vocabulary in place of the 2048 asked of it."""
     cfg, train_cfg = recipe(n_layers).configs(d_vocab=300)
-    assert cfg.n_layers == n_layers and train_cfg.steps >= 1000
+    assert (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_model, cfg.n_ctx, cfg.d_vocab) == (
+        n_layers, heads, d_head, 128, 128, 300
+    )  # fmt: skip
+    assert (train_cfg.steps, train_cfg.batch_size, train_cfg.lr, train_cfg.schedule) == (
+        steps,
+        batch,
+        5e-3,
+        schedule,
+    )
+    assert recipe(n_layers).vocab_size == 2048

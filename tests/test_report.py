@@ -141,8 +141,12 @@ def test_the_report_renders_in_headless_chromium(reports, tmp_path):
 
 
 def test_the_ablation_figure_says_which_batch_it_ran_on(reports):
+    """The caption reads the batch from the results: the default batch (32 sequences, period 4 at
+    n_ctx 12), and a batch cut to 3 sequences of period 7 once the results say so."""
     models, claims = reports
-    effect = models["2-layer"].ablation[0]
+    caption = "sequence(s) of random tokens repeating every"
     html = render_report(models, claims)
-    shape = f"on {effect.sequences} sequence(s) of random tokens repeating every {effect.period} positions"
-    assert shape in html
+    assert f"on 32 {caption} 4 positions" in html
+    cut = [dataclasses.replace(e, sequences=3, period=7) for e in models["2-layer"].ablation]
+    html = render_report(models | {"2-layer": dataclasses.replace(models["2-layer"], ablation=cut)}, claims)
+    assert f"on 3 {caption} 7 positions" in html and f"on 32 {caption}" not in html

@@ -369,29 +369,41 @@ class Transformer(nn.Module):
             cache["hook_embed"] = self.W_E[tokens]
         if self.W_pos is not None:
             cache["hook_pos_embed"] = self.W_pos[: tokens.shape[1]]
-        for layer, block in enumerate(self.blocks):
-            if layer < first:
-                continue
-            cache[hook_name(layer, "resid_pre")] = resid
+        for layer in range(first, self.cfg.n_layers):
             frozen = None if patterns is None else patterns[layer]
-            attn_in = self._norm(block.ln1, resid, cache, norm_name(layer, "ln1"))
-            writes, pattern = block.attn.head_writes(attn_in, qk_positions, frozen)
-            if edit_writes is not None:
-                writes = edit_writes(layer, writes)
-            cache[hook_name(layer, "pattern")] = pattern
-            cache[hook_name(layer, "result")] = writes
-            resid = resid + writes.sum(dim=2)
-            if block.attn.b_O is not None:
-                resid = resid + block.attn.b_O
-            if block.mlp is not None:
-                cache[hook_name(layer, "resid_mid")] = resid
-                mlp_out = block.mlp(self._norm(block.ln2, resid, cache, norm_name(layer, "ln2")))
-                cache[hook_name(layer, "mlp_out")] = mlp_out
-                resid = resid + mlp_out
-            cache[hook_name(layer, "resid_post")] = resid
+            resid = self._block_with_cache(layer, resid, qk_positions, frozen, edit_writes, cache)
         if self.ln_final is not None:
             cache[scale_hook(norm_name(None, "ln_final"))] = self.ln_final.scale(resid)
         return self.unembed(resid), cache
+
+    def _block_with_cache(
+        self,
+        layer: int,
+        resid: Float[Tensor, "batch pos d_model"],
+        qk_positions: Tensor | None,
+        frozen: Tensor | None,
+        edit_writes: Callable[[int, Tensor], Tensor] | None,
+        cache: ActivationCache,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """One block of :meth:`run_with_cache`: its activations into ``cache``, the stream after it out."""
+        block = self.blocks[layer]
+        cache[hook_name(layer, "resid_pre")] = resid
+        attn_in = self._norm(block.ln1, resid, cache, norm_name(layer, "ln1"))
+        writes, pattern = block.attn.head_writes(attn_in, qk_positions, frozen)
+        if edit_writes is not None:
+            writes = edit_writes(layer, writes)
+        cache[hook_name(layer, "pattern")] = pattern
+        cache[hook_name(layer, "result")] = writes
+        resid = resid + writes.sum(dim=2)
+        if block.attn.b_O is not None:
+            resid = resid + block.attn.b_O
+        if block.mlp is not None:
+            cache[hook_name(layer, "resid_mid")] = resid
+            mlp_out = block.mlp(self._norm(block.ln2, resid, cache, norm_name(layer, "ln2")))
+            cache[hook_name(layer, "mlp_out")] = mlp_out
+            resid = resid + mlp_out
+        cache[hook_name(layer, "resid_post")] = resid
+        return resid
 
     @staticmethod
     def _norm(ln: LayerNorm | None, x: Tensor, cache: ActivationCache, name: str) -> Tensor:
