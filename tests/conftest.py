@@ -91,3 +91,19 @@ def small_float64_models(draw):
             attn.W_V[0] = attn.W_V[0, :, :1] * torch.ones(cfg.d_head)
             attn.W_Q[0] = attn.W_Q[0, :, :1] * torch.ones(cfg.d_head)
     return model
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The explorer of served.explorer_checkpoint, and the model it serves."""
+    from fastapi.testclient import TestClient
+
+    from qkov.serve import build_app
+
+    from served import explorer_checkpoint
+
+    folder, model = explorer_checkpoint(tmp_path_factory.mktemp("serve") / "induction")
+    app, jobs = build_app(folder)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        yield client, qkov.load(folder).requires_grad_(False)
+    jobs.shutdown()

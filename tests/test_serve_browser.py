@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_serve import EVIL, explorer_checkpoint
+from served import EVIL, explorer_checkpoint
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 TEXT = f"cat sat on the mat {EVIL[0]} dog ran {EVIL[1]} cat sat on {EVIL[2]}"
