@@ -107,3 +107,30 @@ def served(tmp_path_factory):
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield client, qkov.load(folder).requires_grad_(False)
     jobs.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """The hand-built models with synthetic training logs: the 2-layer one with a phase change around
+    10M tokens, and (as reproduce does) the 1-layer control in its phase change."""
+    import dataclasses
+
+    from qkov.analyze import analyze
+    from qkov.circuits.phase_change import phase_change
+    from qkov.results import Claim
+
+    from handbuilt import induction_model, skip_trigram_model
+    from pages import EVIL, evil_tokens
+    from phase_logs import ONE_LAYER_LINEAR, two_layer, with_positions
+
+    torch.manual_seed(0)
+    models = {"1-layer": skip_trigram_model([(5, 3, 9), (5, 4, 10)]), "2-layer": induction_model()}
+    logs = {"1-layer": with_positions(ONE_LAYER_LINEAR), "2-layer": with_positions(two_layer())}
+    results = {}
+    for name, model in models.items():  # untrusted token strings everywhere a token is shown
+        model.tokenizer = evil_tokens(model)
+        results[name] = analyze(model, None, logs[name], show_progress=False)
+    change = phase_change(logs["2-layer"], logs["1-layer"])
+    results["2-layer"] = dataclasses.replace(results["2-layer"], phase_change=change)
+    claims = [Claim(EVIL[0], "p", EVIL[1], EVIL[2], True)]
+    return results, claims

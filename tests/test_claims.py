@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from phase_logs import GRID, ONE_LAYER_LINEAR, log_of, logistic, two_layer
 from qkov.analyze import analyze
 from qkov.circuits.phase_change import phase_change
 from qkov.claims import evaluate_claims, phase_change_claim, repeat_loss_claim
 from qkov.results import Results
 
 from golden import cases
+from phase_logs import GRID, ONE_LAYER_LINEAR, log_of, logistic, two_layer
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import qkov
-from phase_logs import GRID, ONE_LAYER_LINEAR, log_of, logistic, two_layer
 from qkov.circuits import phase_change as phase_change_module
 from qkov.circuits.phase_change import (
     MAX_WINDOW_DECADES,
@@ -25,6 +24,7 @@ from qkov.cli import main
 from qkov.errors import QkovError
 
 from handbuilt import induction_model
+from phase_logs import GRID, ONE_LAYER_LINEAR, log_of, logistic, two_layer
 
 
 def test_the_window_of_a_logistic_rise_is_its_known_width():

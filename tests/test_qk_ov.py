@@ -80,5 +80,3 @@ def test_qk_terms_need_positions():
 def test_a_model_without_layers_has_no_circuits():
     with pytest.raises(qkov.QkovError, match="no attention heads"):
         qkov.ov_circuit(float64_model(0))
-
-

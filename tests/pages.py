@@ -1,0 +1,38 @@
+"""What the report's tests share: the hand-built 1- and 2-layer models with untrusted markup for every
+token string and synthetic training logs (the 2-layer one with a phase change around 10M tokens, the
+1-layer control), analysed; and the pixels of a figure's embedded PNG."""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+import zlib
+from pathlib import Path
+
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+
+EVIL = ['<script>alert("x")</script>', '"><img src=x onerror=alert(1)>', "</script><b>bold</b>", "&amp; <!--"]
+
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def evil_tokens(model) -> Tokenizer:
+    """A word-level tokenizer whose every token is untrusted markup."""
+    vocab = {EVIL[i % len(EVIL)] + str(i): i for i in range(model.cfg.d_vocab)}
+    return Tokenizer(WordLevel(vocab, unk_token=next(iter(vocab))))
+
+
+def png_pixels(html: str, label: str) -> list[bytes]:
+    """The rows of RGB bytes of the PNG inside the figure labelled ``label``."""
+    figure = html[html.index(f'aria-label="{label}"') :]
+    data = base64.b64decode(re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", figure).group(1))
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    idat = data.index(b"IDAT")
+    raw = zlib.decompress(data[idat + 4 : idat + 4 + struct.unpack(">I", data[idat - 4 : idat])[0]])
+    rows = [raw[r * (3 * width + 1) : (r + 1) * (3 * width + 1)] for r in range(height)]
+    assert all(row[0] == 0 for row in rows)  # no filter
+    return [row[1:] for row in rows]

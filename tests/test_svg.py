@@ -1,0 +1,72 @@
+"""The report's drawing (``report/svg.py``): colour scales with known values, the per-token heatmap
+centred on each evaluation's mean and saturating at its stated share of cells, attention grids that
+draw exactly the weights above their floor, and every label escaped."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from qkov.report.svg import (
+    attention_grid,
+    diverging_rgb,
+    esc,
+    heatmap,
+    saturation,
+    sequential,
+    training_heatmap,
+)
+
+from pages import png_pixels
+
+
+def test_the_diverging_scale_runs_blue_white_red_and_greys_the_undefined():
+    assert diverging_rgb(0.0, 1.0) == (255, 255, 255)
+    assert diverging_rgb(2.0, 1.0) == (255, 0, 0) and diverging_rgb(-5.0, 1.0) == (0, 0, 255)  # saturated
+    assert diverging_rgb(0.5, 1.0) == (255, 128, 128) and diverging_rgb(-0.5, 1.0) == (128, 128, 255)
+    assert diverging_rgb(None, 1.0) == diverging_rgb(float("nan"), 1.0) == (221, 221, 221)
+    assert sequential(0.0) == "rgb(255,255,255)" and sequential(1.0) == "rgb(55,85,195)"
+
+
+def test_saturation_leaves_the_stated_share_of_cells_inside_the_scale():
+    values = [float(v) for v in range(-10, 11)]  # |v|: 0, 1, 1, ..., 10, 10; 21 values
+    assert saturation(values, 0.95) == 10.0  # index int(0.95 * 20) = 19 of the sorted sizes
+    assert saturation(values, 0.5) == 5.0
+    assert saturation([0.0, 0.0], 0.95) == 1.0  # nothing to scale: a unit scale, not zero
+
+
+def test_the_training_heatmap_colours_each_evaluation_against_its_own_mean():
+    """Two evaluations of three token indices: [1, 2, 3] (mean 2: blue, white, red from the bottom)
+    and [5, 5, 5] (all at its mean: white), on a scale that saturates at 1."""
+    columns = [[1.0, 2.0, 3.0], [5.0, 5.0, 5.0]]
+    chart, limit = training_heatmap([1e3, 1e5], columns, "tokens", "index", label="per-token loss")
+    assert limit == 1.0
+    rows = png_pixels(chart, "per-token loss")
+    assert len(rows) == 3  # index 2 on top
+    top, middle, bottom = rows
+    assert (
+        top[:3] == bytes((255, 0, 0))
+        and middle[:3] == bytes((255, 255, 255))
+        and bottom[:3] == bytes((0, 0, 255))
+    )
+    assert {top[-3:], middle[-3:], bottom[-3:]} == {bytes((255, 255, 255))}
+
+
+def test_an_attention_grid_draws_the_weights_above_its_floor():
+    pattern = [[1.0], [0.5, 0.5], [0.01, 0.0, 0.99]]
+    grid = attention_grid("L0H1 <b>", pattern)
+    assert len(re.findall(r"<rect x=", grid)) == 4  # 0.01 and 0.0 are left blank
+    assert 'x="6" y="6"' in grid and "pattern L0H1 &lt;b&gt;" in grid and "<b>" not in grid
+
+
+def test_labels_and_tooltips_are_escaped():
+    chart = heatmap([[0.5]], ['<img src=x onerror="1">'], ["</svg>"], label="a & b")
+    assert "<img" not in chart and chart.count("</svg>") == 1
+    assert esc('<img src=x onerror="1">') in chart and 'aria-label="a &amp; b"' in chart
+    assert "→ &lt;/svg&gt;: 0.500" in chart
+
+
+@pytest.mark.parametrize("text, escaped", [("<", "&lt;"), ('"', "&quot;"), ("'", "&#x27;"), ("&", "&amp;")])
+def test_esc_escapes_markup_and_both_quotes(text, escaped):
+    assert esc(text) == escaped
