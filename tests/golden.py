@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import qkov
-from qkov.circuits.phase_change import TrainingPoint
+from qkov.training_log import TrainingPoint
 
 from conftest import random_model
 from handbuilt import induction_model, skip_trigram_model

@@ -43,7 +43,7 @@ from qkov.circuits.heads import (
     previous_token_scores,
 )
 from qkov.circuits.paths import term_importance, term_importance_flop
-from qkov.circuits.phase_change import TrainingPoint, phase_change, read_training_log
+from qkov.circuits.phase_change import phase_change
 from qkov.circuits.qk_ov import qk_term_rms
 from qkov.circuits.skip_trigrams import (
     head_circuits,
@@ -81,6 +81,7 @@ from qkov.results import (
     finite,
     write_results,
 )
+from qkov.training_log import TrainingPoint, read_training_log
 
 REPEATS = 3  # repeated random tokens: each sequence is a random period repeated this often
 REPEAT_BATCH = 32

@@ -227,6 +227,7 @@ def check_resume_flags(args: argparse.Namespace, cfg: Config, train_cfg: object)
 
 def info_command(args: argparse.Namespace) -> None:
     from qkov.checkpoint import load
+    from qkov.training_log import read_training_log, row_fields
 
     model = load(args.checkpoint)
     n_params = sum(p.numel() for p in model.parameters())
@@ -235,10 +236,9 @@ def info_command(args: argparse.Namespace) -> None:
         print(f"  {key}: {value}")
     size = model.tokenizer.get_vocab_size() if model.tokenizer is not None else None
     print(f"  tokenizer: {f'{size} tokens' if size else 'none'}")
-    metrics = Path(args.checkpoint) / "metrics.jsonl"
-    if metrics.exists() and metrics.read_text().strip():
-        last = json.loads(metrics.read_text().splitlines()[-1])
-        print("  last metrics: " + ", ".join(f"{k} {v}" for k, v in last.items()))
+    log = read_training_log(args.checkpoint)
+    if log:
+        print("  last metrics: " + ", ".join(f"{k} {v}" for k, v in row_fields(log[-1]).items()))
 
 
 def schema_command(args: argparse.Namespace) -> None:

@@ -32,12 +32,13 @@ from qkov.circuits.ablation import AblationEffect
 from qkov.circuits.bigrams import BigramComparison
 from qkov.circuits.copying import CopyingComparison, DirectCopying
 from qkov.circuits.paths import TermImportance
-from qkov.circuits.phase_change import PhaseChange, TrainingPoint
+from qkov.circuits.phase_change import PhaseChange
 from qkov.circuits.skip_trigrams import Crossed, SkipTrigram, SkipTrigramBug
 from qkov.circuits.spectra import HeadSpectrum
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
+from qkov.training_log import TrainingPoint
 
 SCHEMA_VERSION = 2  # 2: the phase change by Olsson et al.'s signatures (window in log tokens)
 SCHEMA_FILE = Path(__file__).parent / "schema" / "results.schema.json"

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange, TrainingPoint
+from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange
 from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
 from qkov.report.svg import bars, esc, heatmap, line_chart, scatter, sequential, training_heatmap
 from qkov.results import AttentionExample, Claim, Results, SkipTrigramBugRow, SkipTrigramRow
+from qkov.training_log import TrainingPoint
 
 BLUE, RED = "#1f77b4", "#d62728"
 
