@@ -27,7 +27,8 @@ from pathlib import Path
 
 import qkov
 from qkov.config import Config
-from qkov.data.corpus import read_corpus, stdlib_root
+from qkov.data.corpus import stdlib_root
+from qkov.data.sources import CorpusFiles
 from qkov.data.tokenizer import train_tokenizer
 from qkov.recipes import recipe
 
@@ -47,9 +48,9 @@ WEIGHTS = {  # how often each kind of query is sent
 
 def build_checkpoint(folder: Path) -> Path:
     """A 2-layer model at the 2-layer recipe's shapes, random weights, with a tokenizer."""
-    corpus = read_corpus([str(stdlib_root() / "email")])
+    texts = [d.text for d in CorpusFiles.find([str(stdlib_root() / "email")]).documents()]
     r = recipe(2)
-    tokenizer = train_tokenizer(corpus, r.vocab_size)
+    tokenizer = train_tokenizer(texts, r.vocab_size)
     cfg = Config(
         n_layers=2, n_heads=r.n_heads, d_model=r.d_model, d_head=r.d_head,
         d_vocab=tokenizer.get_vocab_size(), n_ctx=r.n_ctx, positional_embedding="shortformer",
@@ -59,7 +60,7 @@ def build_checkpoint(folder: Path) -> Path:
 
 def sample_texts(model: qkov.AttnOnlyTransformer, rng: random.Random) -> list[str]:
     """Windows of the standard library's source that fit the context."""
-    documents = [d.text for d in read_corpus([str(stdlib_root() / "json")]).documents]
+    documents = [d.text for d in CorpusFiles.find([str(stdlib_root() / "json")]).documents()]
     texts = []
     while len(texts) < TEXTS:
         doc = rng.choice(documents)

@@ -52,9 +52,9 @@ from qkov.circuits.skip_trigrams import (
     strongest_skip_trigrams,
 )
 from qkov.circuits.spectra import head_spectra
-from qkov.data.corpus import read_corpus
 from qkov.data.random_tokens import repeated_random_tokens
-from qkov.data.tokens import cached_tokens, sample_windows
+from qkov.data.shards import corpus_tokens
+from qkov.data.tokens import sample_windows
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
 from qkov.machine import compute_device
@@ -482,8 +482,7 @@ def corpus_token_arrays(
     checkpoint's tokenizer (cached like training's)."""
     if tokenizer is None:
         raise QkovError("--corpus needs a checkpoint with a tokenizer.json to read text")
-    corpus = read_corpus(None if patterns == ["stdlib"] else patterns)
-    splits = cached_tokens(corpus, tokenizer)
+    splits = corpus_tokens(patterns, tokenizer)
     return splits.train, splits.eval
 
 
