@@ -30,7 +30,8 @@ from qkov.data.shards import sampled_tokenizer, sharded_tokens
 from qkov.data.sources import CorpusFiles
 from qkov.machine import matmul_rate, model_flops_per_token
 from qkov.recipes import recipe
-from qkov.train import METRICS_FILE, Trainer
+from qkov.train import Trainer
+from qkov.training_log import METRICS_FILE
 
 
 def timed_run(trainer: Trainer, tokens: int, resume: bool = False) -> float:

@@ -31,11 +31,13 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from qkov.circuits.phase_change import phase_change, read_training_log
-from qkov.data.corpus import read_corpus
-from qkov.data.tokens import TokenSplits, cached_tokenizer, cached_tokens
+from qkov.circuits.phase_change import phase_change
+from qkov.data.shards import sampled_tokenizer, sharded_tokens
+from qkov.data.sources import CorpusFiles
+from qkov.data.tokens import TokenSplits
 from qkov.recipes import recipe
-from qkov.train import METRICS_FILE, Trainer
+from qkov.train import Trainer
+from qkov.training_log import METRICS_FILE, read_training_log
 
 VOCABS = (4096, 2048)
 SEEDS = (0, 1, 2)
@@ -62,14 +64,15 @@ PLANS: dict[str, list[tuple[str, int, dict]]] = {
 
 def export(folder: Path) -> None:
     """The embedded corpus' tokenizer and token arrays for each vocabulary size, into ``folder``."""
-    corpus = read_corpus(None)
+    corpus = CorpusFiles.find(None)
     folder.mkdir(parents=True, exist_ok=True)
     for vocab in VOCABS:
-        tokenizer = cached_tokenizer(corpus, vocab)
-        data = cached_tokens(corpus, tokenizer)
+        tokenizer = sampled_tokenizer(corpus, vocab)
+        data = sharded_tokens(corpus, tokenizer)
         tokenizer.save(str(folder / f"tokenizer-{vocab}.json"))
         for split in ("train", "eval"):
-            np.save(folder / f"tokens-{vocab}.{split}.npy", np.asarray(getattr(data, split)))
+            tokens = getattr(data, split)
+            np.save(folder / f"tokens-{vocab}.{split}.npy", tokens[0 : len(tokens)])
         print(f"vocabulary {vocab}: {len(data.train):,} train / {len(data.eval):,} eval tokens")
 
 

@@ -26,7 +26,8 @@ import urllib.parse
 from pathlib import Path
 
 import qkov
-from qkov.data.corpus import read_corpus, stdlib_root
+from qkov.data.corpus import stdlib_root
+from qkov.data.sources import CorpusFiles
 from qkov.data.tokenizer import train_tokenizer
 from qkov.recipes import recipe
 
@@ -46,16 +47,16 @@ WEIGHTS = {  # how often each kind of query is sent
 
 def build_checkpoint(folder: Path) -> Path:
     """A 2-layer model at the 2-layer recipe's shapes, random weights, with a tokenizer."""
-    corpus = read_corpus([str(stdlib_root() / "email")])
+    texts = [d.text for d in CorpusFiles.find([str(stdlib_root() / "email")]).documents()]
     r = recipe(2)
-    tokenizer = train_tokenizer(corpus, r.vocab_size)
+    tokenizer = train_tokenizer(texts, r.vocab_size)
     cfg, _ = r.configs(tokenizer.get_vocab_size())
     return qkov.save(qkov.AttnOnlyTransformer(cfg), folder, tokenizer)
 
 
 def sample_texts(model: qkov.AttnOnlyTransformer, rng: random.Random) -> list[str]:
     """Windows of the standard library's source that fit the context."""
-    documents = [d.text for d in read_corpus([str(stdlib_root() / "json")]).documents]
+    documents = [d.text for d in CorpusFiles.find([str(stdlib_root() / "json")]).documents()]
     texts = []
     while len(texts) < TEXTS:
         doc = rng.choice(documents)

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 import qkov
-from qkov.circuits.phase_change import TrainingPoint
 from qkov.data.tokens import TokenSplits
+from qkov.training_log import TrainingPoint
 
 from conftest import random_model
 from handbuilt import induction_model, skip_trigram_model

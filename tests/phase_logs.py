@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from qkov.circuits.phase_change import TrainingPoint
+from qkov.training_log import TrainingPoint
 
 GRID = np.round(np.arange(4.0, 9.0001, 0.05), 2)  # log10(tokens): 20 evaluations a decade
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import qkov
 from qkov.cli import main
+from qkov.training_log import TrainingPoint, append_training_point
 
 from conftest import random_model
 
@@ -131,3 +134,32 @@ def test_an_unusable_device_is_one_line(capsys, tmp_path, tiny_corpus, device, m
     code, _, err = run(capsys, command, *argv, "--out", str(out), "--device", device)
     assert_one_line_error(code, err, message)
     assert not out.exists()
+
+
+def test_every_command_defines_threads_once_and_serve_uses_every_core(capsys, tmp_path, monkeypatch):
+    import qkov.serve
+
+    for command in ("train", "analyze", "reproduce", "serve"):
+        code, out, _ = run(capsys, command, "--help")
+        assert code == 0 and out.count("\n  --threads THREADS") == 1, command
+    qkov.save(random_model(qkov.Config(1, 2, 8, 4, 20, 8)), tmp_path)
+    served = []
+    monkeypatch.setattr(qkov.serve, "serve", lambda *a: served.append(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    try:
+        run_ok(capsys, "serve", str(tmp_path))
+        run_ok(capsys, "serve", str(tmp_path), "--threads", "1")
+    finally:
+        torch.set_num_threads(threads)
+    assert served == [os.cpu_count(), 1]
+
+
+def test_info_shows_the_training_logs_last_row(capsys, tmp_path):
+    qkov.save(random_model(qkov.Config(1, 2, 8, 4, 20, 8)), tmp_path)
+    append_training_point(tmp_path, TrainingPoint(step=10, tokens=80, train_loss=3.0))
+    append_training_point(tmp_path, TrainingPoint(step=20, tokens=160, train_loss=2.123456789, eval_loss=2.5))
+    _, out, _ = run_ok(capsys, "info", str(tmp_path))
+    assert out.splitlines()[-1] == "  last metrics: step 20, tokens 160, train_loss 2.12346, eval_loss 2.5"
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    code, _, err = run(capsys, "info", str(tmp_path))
+    assert_one_line_error(code, err, "metrics.jsonl, line 1: tokens: Field required")

@@ -14,14 +14,12 @@ from qkov.circuits import phase_change as phase_change_module
 from qkov.circuits.phase_change import (
     MAX_WINDOW_DECADES,
     ControlWindow,
-    TrainingPoint,
     loss_slope,
     narrowest_window,
     phase_change,
-    read_training_log,
 )
 from qkov.cli import main
-from qkov.errors import QkovError
+from qkov.training_log import TrainingPoint, read_training_log
 
 from handbuilt import induction_model
 from phase_logs import GRID, ONE_LAYER_LINEAR, log_of, logistic, two_layer
@@ -159,29 +157,6 @@ def test_analyze_judges_the_log_in_a_checkpoint_folder(tmp_path, capsys):
     html = (tmp_path / "out" / "report.html").read_text()
     assert "no 1-layer control in these results (one checkpoint alone)" in html
     assert "Verdict: <b>undecided: every signature is inside the window, but the rule also needs" in html
-
-
-def test_a_log_from_another_program_reads_the_same(tmp_path):
-    rows = [
-        '{"step": 1, "tokens": 100, "induction_score": 0.1, "my_metric": 3}',
-        "",
-        '{"step": 2, "tokens": 200}',
-    ]
-    (tmp_path / "metrics.jsonl").write_text("\n".join(rows))
-    log = read_training_log(tmp_path)
-    assert [p.tokens for p in log] == [100, 200] and log[0].induction_score == 0.1
-    assert log[1].eval_loss is None and log[0].my_metric == 3  # unknown fields are kept
-    assert read_training_log(tmp_path / "nowhere") == []
-
-
-@pytest.mark.parametrize(
-    "line, message",
-    [("{not json", "line 2: Invalid JSON"), ('{"step": 2}', "line 2: tokens: Field required")],
-)
-def test_a_broken_log_line_is_named(tmp_path, line, message):
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "tokens": 100}\n' + line + "\n")
-    with pytest.raises(QkovError, match=message):
-        read_training_log(tmp_path)
 
 
 def test_evaluations_a_few_thousandths_of_a_decade_apart_make_no_bump(monkeypatch):

@@ -45,3 +45,11 @@ def test_rerunning_reuses_the_finished_models(quick_run, capsys):
     assert after == before
     printed = capsys.readouterr().out
     assert "holds" in printed and "wrote" in printed
+
+
+def test_a_folder_trained_with_other_settings_is_an_error_not_resumed(quick_run, capsys):
+    out, corpus = quick_run
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reproduce", "--out", str(out), "--corpus", str(corpus), "--quiet"])  # not --quick
+    assert exit_info.value.code == 2
+    assert "qkov: error: --d-model 128 contradicts the run being resumed (32)\n" in capsys.readouterr().err

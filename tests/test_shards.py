@@ -1,9 +1,12 @@
-"""Corpora larger than memory: JSON Lines (plain, gzip, zstd) and Parquet readers, bad input,
-streaming tokenization into shards (resumable), and training memory independent of corpus size."""
+"""The one corpus pipeline, for corpora larger than memory: JSON Lines (plain, gzip, zstd) and
+Parquet readers, bad input, streaming tokenization into shards (the tokens of encoding each document
+alone; resumable), the analyses' chunked reads of shards, and training memory independent of
+corpus size."""
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import subprocess
 import sys
@@ -15,14 +18,39 @@ import pytest
 import zstandard
 
 import qkov
+from qkov.circuits.bigrams import BigramCounts
+from qkov.circuits.skip_trigrams import skip_trigram_occurs
 from qkov.data import shards
-from qkov.data.corpus import read_corpus
-from qkov.data.shards import ShardedTokens, sampled_tokenizer, sharded_tokens
+from qkov.data.shards import ShardedTokens, corpus_tokens, sampled_tokenizer, sharded_tokens
 from qkov.data.sources import CorpusFiles
-from qkov.data.tokens import cache_dir, tokenize
+from qkov.data.tokenizer import END_OF_TEXT
+from qkov.data.tokens import cache_dir, is_eval_document
 from test_train import TINY, qkov_cli
 
 TEXTS = [f"def f_{i}(self, value):\n    return self.value_{i} + value * {i}\n" * 20 for i in range(30)]
+
+
+def direct_encoding(documents, tokenizer):
+    """The known answer: each document encoded alone (``Tokenizer.encode``, not the batch encoder),
+    end-of-text after it, appended to the split its name picks."""
+    eot = tokenizer.token_to_id(END_OF_TEXT)
+    splits = {"train": [], "eval": []}
+    for doc in documents:
+        splits["eval" if is_eval_document(doc.path) else "train"] += tokenizer.encode(doc.text).ids + [eot]
+    return {split: np.array(ids, dtype=np.uint16) for split, ids in splits.items()}
+
+
+def generated_corpus(folder, lines=600):
+    """A folder of every format: one .jsonl of ``lines`` documents (enough that both splits get
+    some: each document's name is an eval document's with probability 2%), a .parquet and text."""
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    words = ["def", "self", "return", "value", "(", ")", ":", "\n", "    ", "x", "é", "☃", "0x1f", "+"]
+    texts = [" ".join(rng.choice(words, rng.integers(1, 40))) for _ in range(lines)]
+    write_jsonl(folder / "a.jsonl", [{"text": t} for t in texts])
+    pq.write_table(pa.table({"text": texts[:50]}), folder / "b.parquet")
+    (folder / "c.py").write_text("def f(self):\n    return self.x\n")
+    return folder
 
 
 def write_jsonl(path, rows):
@@ -79,43 +107,119 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tiny_corpus, tmp_pat
     assert not list((cache_dir() / "shards").glob("*/*"))
 
 
-def test_shards_hold_the_same_tokens_as_tokenizing_in_memory(tiny_corpus, monkeypatch):
+def test_the_pipeline_gives_each_documents_own_encoding(tmp_path, monkeypatch):
+    """Known answer: shards of 1000 tokens, batches of 3000 bytes, and the tokens are those of
+    encoding each document alone, in file order, a .jsonl's by its lines (its text field, not its
+    JSON), split by the documents' names."""
     monkeypatch.setattr(shards, "SHARD_TOKENS", 1000)
     monkeypatch.setattr(shards, "BATCH_BYTES", 3000)
-    files = CorpusFiles.find([str(tiny_corpus)])
+    files = CorpusFiles.find([str(generated_corpus(tmp_path / "corpus"))])
     tokenizer = sampled_tokenizer(files, 300)
     data = sharded_tokens(files, tokenizer, show_progress=False)
-    expected = tokenize(read_corpus([str(tiny_corpus)]), tokenizer)
-    assert len(data.train.files) > 3
-    np.testing.assert_array_equal(data.train[0 : len(data.train)], expected.train)
-    np.testing.assert_array_equal(data.eval[0 : len(data.eval)], expected.eval)
-    np.testing.assert_array_equal(data.train[990:2010], expected.train[990:2010])  # across shards
+    expected = direct_encoding(files.documents(), tokenizer)
+    assert len(expected["eval"]) and len(data.train.files) > 3
+    np.testing.assert_array_equal(data.train[0 : len(data.train)], expected["train"])
+    np.testing.assert_array_equal(data.eval[0 : len(data.eval)], expected["eval"])
+    np.testing.assert_array_equal(data.train[990:2010], expected["train"][990:2010])  # across shards
+    assert not list(data.train.files[0].parent.glob(".*"))  # no partial shard left behind
 
 
-def test_an_interrupted_tokenization_resumes_from_its_last_shard(tiny_corpus, monkeypatch):
+def test_analyzes_corpus_reads_a_jsonl_as_documents(tmp_path):
+    """``qkov analyze --corpus x.jsonl`` (through :func:`corpus_tokens`): the text field of each
+    line, in the checkpoint's tokenizer, from the same cache as training."""
+    corpus = generated_corpus(tmp_path / "corpus")
+    files = CorpusFiles.find([str(corpus / "a.jsonl")])
+    tokenizer = sampled_tokenizer(files, 300)
+    data = corpus_tokens([str(corpus / "a.jsonl")], tokenizer)
+    expected = direct_encoding(files.documents(), tokenizer)
+    np.testing.assert_array_equal(data.train[0 : len(data.train)], expected["train"])
+    assert data.train.files == sharded_tokens(files, tokenizer, show_progress=False).train.files
+
+
+def test_an_interrupted_tokenization_resumes_from_its_last_shard(tiny_corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(shards, "SHARD_TOKENS", 1000)
     monkeypatch.setattr(shards, "BATCH_BYTES", 3000)
     files = CorpusFiles.find([str(tiny_corpus)])
     tokenizer = sampled_tokenizer(files, 300)
-    encoded = []
+    monkeypatch.setenv("QKOV_CACHE", str(tmp_path / "uninterrupted"))
+    straight = sharded_tokens(files, tokenizer, show_progress=False)
+    monkeypatch.setenv("QKOV_CACHE", str(tmp_path / "interrupted"))
     real_batches = shards.batches
 
     def interrupted(documents, skip):
         for i, batch in enumerate(real_batches(documents, skip)):
             if i == 4:
                 raise KeyboardInterrupt
-            encoded.append(len(batch))
             yield batch
 
     monkeypatch.setattr(shards, "batches", interrupted)
     with pytest.raises(KeyboardInterrupt):
         sharded_tokens(files, tokenizer, show_progress=False)
-    manifest = json.loads(next((cache_dir() / "shards").glob("*/manifest.json")).read_text())
+    manifest_file = next((cache_dir() / "shards").glob("*/manifest.json"))
+    manifest = json.loads(manifest_file.read_text())
     assert 0 < manifest["documents"] < 12 and "complete" not in manifest
+    (manifest_file.parent / ".train.partial").write_bytes(b"killed mid-write")  # a partial shard is redone
     monkeypatch.setattr(shards, "batches", real_batches)
     data = sharded_tokens(files, tokenizer, show_progress=False)
-    expected = tokenize(read_corpus([str(tiny_corpus)]), tokenizer)
-    np.testing.assert_array_equal(data.train[0 : len(data.train)], expected.train)
+    for split in ("train", "eval"):
+        ours, theirs = getattr(data, split), getattr(straight, split)
+        np.testing.assert_array_equal(ours[0 : len(ours)], theirs[0 : len(theirs)])
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1000])
+def test_bigram_counts_of_shards_in_chunks_are_those_of_the_whole_array(tmp_path, chunk):
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 9, 500).astype(np.uint16)
+    tokens[100:300] = rng.integers(0, 3, 200)  # some pairs far more common than others
+    for i, part in enumerate(np.array_split(tokens, 4)):
+        part.tofile(tmp_path / f"train-{i:05d}.bin")
+    sharded = ShardedTokens(sorted(tmp_path.glob("*.bin")), np.uint16)
+    ours = BigramCounts.of(sharded, 9, chunk=chunk)
+    direct = tokens.astype(np.int64)
+    pairs = {(a, b): int(((direct[:-1] == a) & (direct[1:] == b)).sum()) for a in range(9) for b in range(9)}
+    assert {(a, b): c for a, b, c in zip(ours.current, ours.next, ours.counts, strict=True)} == {
+        k: v for k, v in pairs.items() if v
+    }
+    assert list(zip(ours.current, ours.next, strict=True)) == sorted(k for k, v in pairs.items() if v)
+    np.testing.assert_array_equal(ours.unigram, np.bincount(direct[:-1], minlength=9))
+    assert ours.counts.dtype == ours.unigram.dtype == np.int64
+    whole = BigramCounts.of(tokens, 9)  # one chunk: the in-memory array at once
+    for name in ("current", "next", "counts", "unigram"):
+        np.testing.assert_array_equal(getattr(ours, name), getattr(whole, name))
+
+
+def test_bigram_counts_name_the_largest_id_outside_the_vocabulary():
+    tokens = np.array([1, 2, 12, 3, 4, 15, 0], dtype=np.uint16)
+    with pytest.raises(qkov.QkovError, match="corpus token id 15 is outside the model's vocabulary \\(9\\)"):
+        BigramCounts.of(tokens, 9, chunk=2)
+    with pytest.raises(qkov.QkovError, match="at least 2 tokens"):
+        BigramCounts.of(tokens[:1], 9)
+
+
+def skip_trigram_known(tokens, source, destination, out, window):
+    """By definition: some position ``h`` with ``tokens[h], tokens[h + 1] == destination, out`` and
+    ``source`` among ``tokens[h - window + 1 ... h]``."""
+    return any(
+        tokens[h] == destination and tokens[h + 1] == out and source in tokens[max(0, h - window + 1) : h + 1]
+        for h in range(len(tokens) - 1)
+    )
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 64])
+def test_skip_trigram_occurrences_in_chunks_are_those_of_the_whole_array(tmp_path, chunk):
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(0, 6, 120).astype(np.uint16)
+    for i, part in enumerate(np.array_split(tokens, 3)):
+        part.tofile(tmp_path / f"train-{i:05d}.bin")
+    sharded = ShardedTokens(sorted(tmp_path.glob("*.bin")), np.uint16)
+    listed = tokens.tolist()
+    answers = []
+    for source, destination, out, window in itertools.product(range(6), range(6), range(6), (1, 2, 4)):
+        known = skip_trigram_known(listed, source, destination, out, window)
+        assert skip_trigram_occurs(sharded, source, destination, out, window, chunk=chunk) == known
+        assert skip_trigram_occurs(tokens, source, destination, out, window) == known
+        answers.append(known)
+    assert 0 < sum(answers) < len(answers)  # both answers occur
 
 
 def test_a_single_document_holds_out_its_tail(tmp_path):

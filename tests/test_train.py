@@ -15,9 +15,11 @@ import torch
 from safetensors.torch import load_file
 
 import qkov
-from qkov.data.corpus import read_corpus
-from qkov.data.tokens import TokenSplits, cached_tokenizer, cached_tokens
+from qkov.data.shards import sampled_tokenizer, sharded_tokens
+from qkov.data.sources import CorpusFiles
+from qkov.data.tokens import TokenSplits
 from qkov.train import STATE_FILE, NextTokenLoss, TrainConfig, Trainer, icl_positions, log_spaced_steps
+from qkov.training_log import read_training_log
 
 from conftest import random_model
 
@@ -55,11 +57,11 @@ def qkov_cli(*args, **kwargs):
 
 
 def tiny_run(tiny_corpus, out, n_layers=2, **train):
-    corpus = read_corpus([str(tiny_corpus)])
-    tokenizer = cached_tokenizer(corpus, 300)
+    corpus = CorpusFiles.find([str(tiny_corpus)])
+    tokenizer = sampled_tokenizer(corpus, 300)
     cfg = qkov.Config(n_layers, 2, 32, 16, tokenizer.get_vocab_size(), 32)
     train_cfg = TrainConfig(**({"steps": 60, "batch_size": 8, "lr": 1e-2, "eval_every": 20} | train))
-    return Trainer(cfg, train_cfg, cached_tokens(corpus, tokenizer), out, tokenizer)
+    return Trainer(cfg, train_cfg, sharded_tokens(corpus, tokenizer, show_progress=False), out, tokenizer)
 
 
 def test_training_lowers_the_loss_and_logs_metrics(tiny_corpus, tmp_path):
@@ -68,6 +70,12 @@ def test_training_lowers_the_loss_and_logs_metrics(tiny_corpus, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # 10 log-spaced evaluations per decade from step 10, and every 20 steps
     assert [r["step"] for r in rows] == [10, 13, 16, 20, 25, 32, 40, 50, 60]
+    assert list(rows[0]) == [
+        "step", "tokens", "train_loss", "eval_loss", "loss_by_position", "icl_score", "repeat_loss_first",
+        "repeat_loss_second", "induction_score", "previous_token_score",
+    ]  # fmt: skip
+    assert all(round(r["train_loss"], 5) == r["train_loss"] for r in rows)  # floats to 5 decimals
+    assert read_training_log(tmp_path / "run")[-1].eval_loss == rows[-1]["eval_loss"]
     assert rows[3]["tokens"] == 20 * 8 * 32
     assert rows[-1]["eval_loss"] < rows[0]["eval_loss"] < 6.0  # log(300) = 5.7 is chance
     assert {"repeat_loss_first", "repeat_loss_second", "induction_score", "previous_token_score"} <= set(

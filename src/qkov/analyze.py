@@ -31,7 +31,7 @@ from qkov.circuits.composition import composition, induction_checks
 from qkov.circuits.copying import compare_copying, copying_analysis, default_direct_copying
 from qkov.circuits.heads import AttentionExamples, attention_example
 from qkov.circuits.paths import term_importance, term_importance_flop
-from qkov.circuits.phase_change import TrainingPoint, phase_change
+from qkov.circuits.phase_change import phase_change
 from qkov.circuits.qk_ov import qk_position_content
 from qkov.circuits.repeated import repeated_token_behaviour
 from qkov.circuits.skip_trigrams import skip_trigram_tables
@@ -42,6 +42,7 @@ from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
 from qkov.model import AttnOnlyTransformer
 from qkov.results import Results
+from qkov.training_log import TrainingPoint
 
 REPEATS = 3  # repeated random tokens: each sequence is a random period repeated this often
 REPEAT_BATCH = 32

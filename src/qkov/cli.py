@@ -6,8 +6,6 @@ Every :class:`QkovError` becomes one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -15,10 +13,9 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from qkov.checkpoint import load_config, load_tokenizer
-from qkov.config import ACT_FNS, NORMALIZATIONS, POSITIONAL_EMBEDDINGS, Config
+from qkov.config import ACT_FNS, NORMALIZATIONS, POSITIONAL_EMBEDDINGS
 from qkov.errors import QkovError
-from qkov.recipes import PRESETS, recipe
+from qkov.recipes import PRESETS
 from qkov.results import Results
 
 console = Console(stderr=True)
@@ -28,12 +25,20 @@ def add_corpus_argument(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--corpus", action="append", metavar="PATH", help=help)
 
 
+def add_text_field_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--text-field", default="text", help="the text's field in .jsonl and column in .parquet")
+
+
+def add_threads_argument(p: argparse.ArgumentParser, help: str = "CPU threads (default: all cores)") -> None:
+    p.add_argument("--threads", type=int, help=help)
+
+
 def common_options(device_help: str) -> argparse.ArgumentParser:
     """The options every long-running command shares: ``--seed``, ``--threads``, ``--quiet`` and
     ``--device`` (its help says what the command computes there)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--threads", type=int, help="CPU threads (default: all cores; for train, per process)")
+    add_threads_argument(p, "CPU threads (default: all cores; for train, per process)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--device", default="cpu", help=device_help)
     return p
@@ -70,7 +75,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "text, .jsonl(.gz/.zst) or .parquet files, folders or globs (repeatable); "
         "default: the Python standard library",
     )
-    p.add_argument("--text-field", default="text", help="the text's field in .jsonl and column in .parquet")
+    add_text_field_argument(p)
     p.add_argument("--embed-lr-mult", type=float, help="learning-rate multiplier for W_E and W_pos")
     p.add_argument(
         "--precision",
@@ -92,141 +97,25 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def train_command(args: argparse.Namespace) -> None:
-    from qkov.distributed import launched_by_torchrun, process_group
-    from qkov.machine import compute_device
-    from qkov.train import Trainer
+    from qkov.training_run import TRAIN_FLAGS, TrainingInterrupted, TrainingRun, default_threads, train
 
-    if args.nproc < 1:
-        raise QkovError(f"--nproc must be at least 1, got {args.nproc}")
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", args.nproc))
-    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_processes))
-    if args.nproc > 1 and not launched_by_torchrun():
-        prepare_run(args)  # errors found here, once; the workers read the cached tokens
-        launch_workers(args)
-        return
-    device = compute_device(args.device)
-    with process_group(device) as processes:
-        if not processes.is_main:  # the cache is filled by rank 0 first, read by the others
-            processes.barrier()
-        cfg, train_cfg, data, tokenizer, corpus = prepare_run(args, show_progress=processes.is_main)
-        if processes.is_main:
-            processes.barrier()
-        trainer = Trainer(
-            cfg, train_cfg, data, args.out, tokenizer, args.device, args.grad_accum, compile=args.compile
-        )
-        say = console.print if processes.is_main else lambda *a: None
-        say(
-            f"corpus: {len(corpus.files)} file(s), {len(data.train):,} train / {len(data.eval):,} eval "
-            f"tokens; vocabulary {cfg.d_vocab}"
-        )
-        say(f"model: {cfg}")
-        say(
-            f"training: {train_cfg.steps} steps x {train_cfg.batch_size} x {cfg.n_ctx} tokens, "
-            f"lr {train_cfg.lr}, {train_cfg.precision}, {processes.world_size} process(es) x "
-            f"{args.grad_accum} micro-batch(es) x {torch.get_num_threads()} threads"
-        )
-        try:
-            trainer.run(resume=args.resume, show_progress=not args.quiet)
-        except KeyboardInterrupt:
-            say(f"interrupted at step {trainer.step}; checkpoint saved. Continue with --resume.")
-            sys.exit(130)
-        say(f"done: checkpoint in {args.out} (metrics in {Path(args.out) / 'metrics.jsonl'})")
-
-
-def prepare_run(args: argparse.Namespace, show_progress: bool = True):
-    """The configs (the saved ones on --resume, else the recipe with the flags on top), the
-    tokenizer and the sharded tokens of a ``qkov train`` command, and the corpus' files."""
-    from qkov.data.shards import sampled_tokenizer, sharded_tokens
-    from qkov.data.sources import CorpusFiles
-    from qkov.train import TRAIN_CONFIG_FILE, TrainConfig
-
-    out = Path(args.out)
-    corpus = CorpusFiles.find(args.corpus, args.text_field)
-    if args.resume and (out / TRAIN_CONFIG_FILE).exists():
-        tokenizer = load_tokenizer(out)
-        cfg = load_config(out)
-        train_cfg = TrainConfig(**json.loads((out / TRAIN_CONFIG_FILE).read_text()))
-        check_resume_flags(args, cfg, train_cfg)
-        if tokenizer is None:
-            raise QkovError(f"{out}: the run to resume has no tokenizer.json")
-    else:
-        flags = {name: getattr(args, name) for name in TRAIN_FLAGS} | {"n_layers": args.layers}
-        if args.device != "cpu" and args.precision is None and torch.cuda.is_available():
-            flags["precision"] = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-        r = recipe(args.layers, args.preset).override(**flags)
-        tokenizer = sampled_tokenizer(corpus, r.vocab_size)
-        cfg, train_cfg = r.configs(tokenizer.get_vocab_size())
-    data = sharded_tokens(corpus, tokenizer, show_progress and not args.quiet)
-    return cfg, train_cfg, data, tokenizer, corpus
-
-
-#: ``qkov train`` flags that override a recipe's setting of the same name.
-TRAIN_FLAGS = (
-    "steps", "batch_size", "lr", "d_model", "n_heads", "d_head", "n_ctx", "vocab_size",
-    "positional_embedding", "normalization", "d_mlp", "act_fn", "seed", "embed_lr_mult", "precision",
-    "schedule", "eval_every", "evals_per_decade", "checkpoint_every",
-)  # fmt: skip
-
-
-def launch_workers(args: argparse.Namespace) -> None:
-    """Run this command in ``--nproc`` processes under torchrun and wait for them. Ctrl-C reaches
-    every worker (they share the terminal's process group); each stops after rank 0's checkpoint."""
-    import subprocess
-
-    from qkov.distributed import torchrun_command
-    from qkov.train import STATE_FILE
-
-    interrupted = False
-    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # torchrun's own default is 1
-    worker = subprocess.Popen(torchrun_command(args.nproc, args.argv), env=os.environ | threads)
-    while worker.poll() is None:
-        try:
-            worker.wait()
-        except KeyboardInterrupt:
-            interrupted = True
-    if interrupted or worker.returncode == 130:
-        step = saved_step(Path(args.out) / STATE_FILE)
-        console.print(f"interrupted at step {step}; checkpoint saved. Continue with --resume.")
+    settings = {name: getattr(args, name) for name in TRAIN_FLAGS}
+    run = TrainingRun(
+        Path(args.out), args.layers, args.preset, settings, args.corpus, args.text_field, args.device,
+        args.resume, args.grad_accum, args.compile, args.nproc, tuple(args.argv),
+    )  # fmt: skip
+    torch.set_num_threads(args.threads or default_threads(args.nproc))
+    try:
+        train(run, show_progress=not args.quiet)
+    except TrainingInterrupted as stop:
+        if stop.report:
+            console.print(f"interrupted at step {stop.step}; checkpoint saved. Continue with --resume.")
         sys.exit(130)
-    if worker.returncode:
-        raise QkovError(f"training processes failed (torchrun exit status {worker.returncode}); see above")
-
-
-def saved_step(file: Path) -> str:
-    from safetensors import safe_open
-
-    if not file.exists():
-        return "0"
-    with safe_open(str(file), framework="pt") as f:
-        return f.metadata()["step"]
-
-
-def check_resume_flags(args: argparse.Namespace, cfg: Config, train_cfg: object) -> None:
-    """On --resume the saved settings rule; an explicit flag that contradicts them is an error."""
-    saved = cfg.to_dict() | dataclasses.asdict(train_cfg)
-    for flag, key in (
-        ("layers", "n_layers"),
-        ("d_model", "d_model"),
-        ("n_heads", "n_heads"),
-        ("d_head", "d_head"),
-        ("n_ctx", "n_ctx"),
-        ("steps", "steps"),
-        ("batch_size", "batch_size"),
-        ("lr", "lr"),
-        ("precision", "precision"),
-        ("normalization", "normalization"),
-        ("d_mlp", "d_mlp"),
-        ("act_fn", "act_fn"),
-    ):
-        given = getattr(args, flag)
-        if given is not None and given != saved[key]:
-            raise QkovError(
-                f"--{flag.replace('_', '-')} {given} contradicts the run being resumed ({saved[key]})"
-            )
 
 
 def info_command(args: argparse.Namespace) -> None:
     from qkov.checkpoint import load
+    from qkov.training_log import read_training_log, row_fields
 
     model = load(args.checkpoint)
     n_params = sum(p.numel() for p in model.parameters())
@@ -235,10 +124,9 @@ def info_command(args: argparse.Namespace) -> None:
         print(f"  {key}: {value}")
     size = model.tokenizer.get_vocab_size() if model.tokenizer is not None else None
     print(f"  tokenizer: {f'{size} tokens' if size else 'none'}")
-    metrics = Path(args.checkpoint) / "metrics.jsonl"
-    if metrics.exists() and metrics.read_text().strip():
-        last = json.loads(metrics.read_text().splitlines()[-1])
-        print("  last metrics: " + ", ".join(f"{k} {v}" for k, v in last.items()))
+    log = read_training_log(args.checkpoint)
+    if log:
+        print("  last metrics: " + ", ".join(f"{k} {v}" for k, v in row_fields(log[-1]).items()))
 
 
 def schema_command(args: argparse.Namespace) -> None:
@@ -259,21 +147,22 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="output folder (default: CHECKPOINT/analysis)")
     add_corpus_argument(
         p,
-        "text files, folders or globs (repeatable), or 'stdlib' for the embedded default corpus: "
+        "text, .jsonl(.gz/.zst) or .parquet files, folders or globs (repeatable), or 'stdlib' for the "
+        "embedded default corpus: "
         "adds the bigram comparison and checks skip-trigram bugs against the text",
     )
+    add_text_field_argument(p)
 
 
 def analyze_command(args: argparse.Namespace) -> None:
     from qkov.analyze import analyze
     from qkov.checkpoint import load
-    from qkov.circuits.phase_change import read_training_log
-    from qkov.data.corpus import read_corpus
-    from qkov.data.tokens import cached_tokens
+    from qkov.data.shards import corpus_tokens
     from qkov.io import atomic_write_text
     from qkov.machine import compute_device
     from qkov.report import render_report
     from qkov.results import write_results
+    from qkov.training_log import read_training_log
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     out = Path(args.out) if args.out else Path(args.checkpoint) / "analysis"
@@ -282,9 +171,7 @@ def analyze_command(args: argparse.Namespace) -> None:
     if args.corpus:
         if model.tokenizer is None:
             raise QkovError("--corpus needs a checkpoint with a tokenizer.json to read text")
-        corpus = cached_tokens(
-            read_corpus(None if args.corpus == ["stdlib"] else args.corpus), model.tokenizer
-        )
+        corpus = corpus_tokens(args.corpus, model.tokenizer, args.text_field, not args.quiet)
     log = read_training_log(Path(args.checkpoint))
     results = analyze(model, corpus, log, not args.quiet, args.seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -410,7 +297,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--cache-mb", type=int, default=256, help="memory for cached answers, MiB (default: 256)")
     p.add_argument("--workers", type=int, default=2, help="computations run at once (default: 2)")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (default: all cores)")
+    add_threads_argument(p)
 
 
 def serve_command(args: argparse.Namespace) -> None:

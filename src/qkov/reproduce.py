@@ -17,16 +17,16 @@ import torch
 from rich.console import Console
 
 from qkov.analyze import analyze
-from qkov.circuits.phase_change import phase_change, read_training_log
+from qkov.circuits.phase_change import phase_change
 from qkov.claims import evaluate_claims
-from qkov.data.corpus import read_corpus
-from qkov.data.tokens import cached_tokenizer, cached_tokens
+from qkov.data.shards import corpus_tokens
 from qkov.io import atomic_write_text
 from qkov.machine import compute_device, matmul_rate, training_seconds
 from qkov.recipes import Recipe, recipe
 from qkov.report import render_report
 from qkov.results import ModelTiming, Reproduction, write_results
-from qkov.train import Trainer
+from qkov.training_log import read_training_log
+from qkov.training_run import TrainingRun, settings_of, train
 
 DEPTHS = (0, 1, 2)
 console = Console(stderr=True)
@@ -52,14 +52,6 @@ def announce_estimate(recipes: list[Recipe], device: str) -> None:
     )
 
 
-def train_depth(
-    n_layers: int, r: Recipe, data, tokenizer, out: Path, seed: int, show_progress: bool, device: str
-):
-    cfg, train_cfg = r.override(seed=seed).configs(tokenizer.get_vocab_size())
-    trainer = Trainer(cfg, train_cfg, data, out, tokenizer, device)
-    return trainer.run(resume=True, show_progress=show_progress)  # on the device: analysed there
-
-
 def reproduce(
     out: Path,
     corpus: list[str] | None = None,
@@ -72,17 +64,18 @@ def reproduce(
     compute_device(device)  # before any work: an unusable device is one line
     recipes = [quick_recipe(n) if quick else recipe(n) for n in DEPTHS]
     announce_estimate(recipes, device)
-    text = read_corpus(corpus)
     models, timings = {}, {}
     for n_layers, r in zip(DEPTHS, recipes, strict=True):
-        tokenizer = cached_tokenizer(text, r.vocab_size)
-        data = cached_tokens(text, tokenizer)
         folder = out / f"{n_layers}-layer"
         shape = f"{r.train.steps} steps x {r.train.batch_size} x {r.model.n_ctx} tokens"
         console.print(f"[bold]{n_layers}-layer model[/bold]: {shape} -> {folder}")
         t0 = time.perf_counter()
-        model = train_depth(n_layers, r, data, tokenizer, folder, seed, show_progress, device)
+        # every setting given: a folder trained with other settings is an error, not resumed
+        run = TrainingRun(folder, n_layers, settings=settings_of(r.override(seed=seed)), corpus=corpus,
+                          device=device, resume=True)  # fmt: skip
+        model = train(run, show_progress)  # on the device: analysed there
         t1 = time.perf_counter()
+        data = corpus_tokens(corpus, model.tokenizer)  # the tokens it trained on, from the cache
         log = read_training_log(folder)
         models[f"{n_layers}-layer"] = analyze(model, data, log, show_progress, seed)
         timings[f"{n_layers}-layer"] = ModelTiming(round(t1 - t0, 1), round(time.perf_counter() - t1, 1))

@@ -32,13 +32,14 @@ from qkov.circuits.composition import Composition, InductionCheck
 from qkov.circuits.copying import Copying, CopyingComparison, DirectCopying
 from qkov.circuits.heads import AttentionExamples
 from qkov.circuits.paths import TermImportance
-from qkov.circuits.phase_change import PhaseChange, TrainingPoint
+from qkov.circuits.phase_change import PhaseChange
 from qkov.circuits.repeated import RepeatedTokens
 from qkov.circuits.skip_trigrams import SkipTrigrams
 from qkov.circuits.spectra import Spectra
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
+from qkov.training_log import TrainingPoint
 
 # 3: the copying score stored once (copying.heads), token strings only in ``tokens``, an undecided
 # phase change (no 1-layer control) null; 2: the phase change by Olsson et al.'s signatures

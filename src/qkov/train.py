@@ -11,8 +11,9 @@ number of processes; under torchrun (:mod:`qkov.distributed`) each process train
 it, DistributedDataParallel averages the gradients, and rank 0 alone evaluates and writes. With
 the same seed, threads and processes on a CPU the weights are the same bits run after run.
 
-At each evaluation rank 0 appends a line to ``metrics.jsonl``, so the induction phase change
-("In-context Learning and Induction Heads", Olsson et al. 2022) can be read off it:
+At each evaluation rank 0 appends a row to ``metrics.jsonl`` (:mod:`qkov.training_log`), so the
+induction phase change ("In-context Learning and Induction Heads", Olsson et al. 2022) can be read
+off it:
 
 - ``step``, ``tokens``, ``train_loss`` (the mean over the steps since the last evaluation) and
   ``eval_loss`` on held-out windows;
@@ -68,9 +69,9 @@ from qkov.io import atomic_write, atomic_write_text
 from qkov.loss import token_losses
 from qkov.machine import compute_device
 from qkov.model import AttnOnlyTransformer, init_weights
+from qkov.training_log import TrainingPoint, append_training_point, truncate_training_log
 
 STATE_FILE = "training_state.safetensors"
-METRICS_FILE = "metrics.jsonl"
 TRAIN_CONFIG_FILE = "train_config.json"
 REPEAT_SEQUENCES = 32  # repeated random sequences scored at each evaluation
 FIRST_LOG_EVAL = 10  # the first log-spaced evaluation step: the first few dozen steps are covered
@@ -308,15 +309,7 @@ class Trainer:
                 )
         self.step = int(meta["step"])
         if self.processes.is_main:
-            self.truncate_metrics()
-
-    def truncate_metrics(self) -> None:
-        """Drop metric lines logged after the checkpoint being resumed from."""
-        file = self.out / METRICS_FILE
-        if file.exists():
-            rows = [line for line in file.read_text().splitlines() if line.strip()]
-            keep = [r for r in rows if json.loads(r)["step"] <= self.step]
-            atomic_write_text(file, "".join(r + "\n" for r in keep))
+            truncate_training_log(self.out, self.step)
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -361,7 +354,7 @@ class Trainer:
             if has_state:
                 self.load_checkpoint()
             elif self.processes.is_main:  # stopped before its first checkpoint: start again from step 0
-                self.truncate_metrics()
+                truncate_training_log(self.out, self.step)
         elif (self.out / WEIGHTS_FILE).exists():
             raise QkovError(f"{self.out} already holds a checkpoint; choose another --out")
         else:
@@ -449,14 +442,11 @@ class Trainer:
                     task, completed=self.step, loss=f"{np.mean(losses[-20:]):.3f}", tps=f"{tps:,.0f}"
                 )
                 if main and self.step in evaluation_steps:
-                    row = {
-                        "step": self.step,
-                        "tokens": self.step * tokens_per_step,
-                        "train_loss": float(np.mean(losses)),
-                        **self.evaluate(),
-                    }
-                    self.log(row)
-                    progress.update(task, eval=f"{row['eval_loss']:.3f}")
+                    point = TrainingPoint(
+                        self.step, self.step * tokens_per_step, float(np.mean(losses)), **self.evaluate()
+                    )
+                    append_training_point(self.out, point)
+                    progress.update(task, eval=f"{point.eval_loss:.3f}")
                 if self.step in evaluation_steps:
                     losses = []
                 if main and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or stopping):
@@ -466,9 +456,3 @@ class Trainer:
                     raise KeyboardInterrupt
         self.processes.barrier()
         return self.model
-
-    def log(self, row: dict[str, float]) -> None:
-        with open(self.out / METRICS_FILE, "a", encoding="utf-8") as f:
-            f.write(
-                json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}) + "\n"
-            )

@@ -34,16 +34,29 @@ class BigramCounts:
     unigram: np.ndarray  # occurrences of each token as the current token, [d_vocab]
 
     @classmethod
-    def of(cls, tokens: np.ndarray, d_vocab: int) -> BigramCounts:
-        tokens = np.asarray(tokens, dtype=np.int64)
+    def of(cls, tokens: np.ndarray, d_vocab: int, chunk: int = 2**22) -> BigramCounts:
+        """The counts of ``tokens``: an array, or any token sequence read in contiguous slices (the
+        sharded tokens of a corpus larger than memory), ``chunk`` pairs at a time with one token of
+        overlap (the pair across a chunk's edge). Memory is bounded by the chunk and the number of
+        distinct pairs; the counts are those of the whole sequence at once."""
         if len(tokens) < 2:
             raise QkovError("bigram statistics need a corpus of at least 2 tokens")
-        if tokens.max() >= d_vocab:
-            raise QkovError(
-                f"corpus token id {int(tokens.max())} is outside the model's vocabulary ({d_vocab})"
-            )
-        pairs, counts = np.unique(tokens[:-1] * d_vocab + tokens[1:], return_counts=True)
-        return cls(pairs // d_vocab, pairs % d_vocab, counts, np.bincount(tokens[:-1], minlength=d_vocab))
+        pairs, counts = np.empty(0, np.int64), np.empty(0, np.int64)
+        unigram, largest = np.zeros(d_vocab, np.int64), 0
+        for start in range(0, len(tokens) - 1, chunk):
+            part = np.asarray(tokens[start : start + chunk + 1], dtype=np.int64)
+            largest = max(largest, int(part.max()))
+            if largest >= d_vocab:
+                continue  # an error below, naming the largest id
+            new, new_counts = np.unique(part[:-1] * d_vocab + part[1:], return_counts=True)
+            pairs, inverse = np.unique(np.concatenate([pairs, new]), return_inverse=True)
+            merged = np.zeros(len(pairs), np.int64)
+            np.add.at(merged, inverse, np.concatenate([counts, new_counts]))
+            counts = merged
+            unigram += np.bincount(part[:-1], minlength=d_vocab)
+        if largest >= d_vocab:
+            raise QkovError(f"corpus token id {largest} is outside the model's vocabulary ({d_vocab})")
+        return cls(pairs // d_vocab, pairs % d_vocab, counts, unigram)
 
 
 def direct_path_log_probs(

@@ -20,22 +20,19 @@ the papers plot; a signal is read at the logged evaluations and linearly interpo
   wider than ``MAX_WINDOW_DECADES`` (or the score never moves, or the log has none).
 - The phase change holds when all three signatures fall inside the window and the control shows none.
 
-The log is read as :class:`TrainingPoint` rows, so a log written by another program in the same
-format is judged the same way; fields it did not log are ``None`` (an old log has no
-``icl_score``: the ``icl_score`` signature is then absent).
+The log is read as :class:`qkov.training_log.TrainingPoint` rows, so a log written by another
+program in the same format is judged the same way; fields it did not log are ``None`` (an old log
+has no ``icl_score``: the ``icl_score`` signature is then absent).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from qkov.errors import QkovError
-from qkov.train import METRICS_FILE
+from qkov.training_log import TrainingPoint
 
 # The widest published phase-change window, in decades of training tokens, so that a phase change
 # as wide as a published one still counts: a public reanalysis of Neel Nanda's attention-only
@@ -56,46 +53,6 @@ RISE_START, RISE_END = 0.1, 0.9
 # 0.003 decades: with those pairs the bump test found a dip in all 15 issue-13 runs, without them 13.
 MIN_SLOPE_SPACING = 0.04
 SIGNATURES = ("induction_score", "icl_score", "loss_bump")
-
-
-@dataclass(frozen=True)
-class TrainingPoint:
-    """One evaluation during training: a row of ``metrics.jsonl``. Fields a program did not log are
-    ``None``; fields qkov does not know are kept."""
-
-    __pydantic_config__ = ConfigDict(extra="allow")
-
-    step: int
-    tokens: int
-    train_loss: float | None = None
-    eval_loss: float | None = None
-    induction_score: float | None = None
-    previous_token_score: float | None = None
-    repeat_loss_first: float | None = None
-    repeat_loss_second: float | None = None
-    icl_score: float | None = None  # loss at a late token index minus loss at an early one
-    loss_by_position: list[float] | None = None  # held-out loss of the prediction at each index
-
-
-def read_training_log(folder: Path) -> list[TrainingPoint]:
-    """The rows of ``folder/metrics.jsonl``, or none when the folder has no log."""
-    file = folder / METRICS_FILE
-    if not file.is_file():
-        return []
-    rows = TypeAdapter(TrainingPoint)
-    points = []
-    for number, line in enumerate(file.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            points.append(rows.validate_json(line))
-        except ValidationError as err:
-            problem = err.errors()[0]
-            where = ".".join(str(p) for p in problem["loc"])
-            raise QkovError(
-                f"{file}, line {number}: {where + ': ' if where else ''}{problem['msg']}"
-            ) from None
-    return points
 
 
 # -- a signal along log tokens ---------------------------------------------------------------------

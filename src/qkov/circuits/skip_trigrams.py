@@ -259,15 +259,25 @@ def skip_trigram_bugs(
     return bugs[:limit]
 
 
-def skip_trigram_occurs(tokens: np.ndarray, source: int, destination: int, out: int, window: int) -> bool:
+def skip_trigram_occurs(
+    tokens: np.ndarray, source: int, destination: int, out: int, window: int, chunk: int = 2**22
+) -> bool:
     """Whether ``source`` occurs within ``window`` tokens before (or at) a ``destination`` that is
-    followed by ``out`` anywhere in ``tokens``: the skip-trigram is in the corpus."""
-    tokens = np.asarray(tokens)
-    hits = np.flatnonzero((tokens[:-1] == destination) & (tokens[1:] == out))
-    if hits.size == 0:
-        return False
-    seen = np.concatenate([[0], np.cumsum(tokens == source)])  # seen[i]: occurrences in tokens[:i]
-    return bool(((seen[hits + 1] - seen[np.maximum(hits + 1 - window, 0)]) > 0).any())
+    followed by ``out`` anywhere in ``tokens``: the skip-trigram is in the corpus. ``tokens`` (an
+    array, or any token sequence read in contiguous slices, such as a corpus' sharded tokens) is
+    scanned ``chunk`` destinations at a time, each chunk read with the ``window - 1`` tokens before
+    it and the one after: bounded memory, the answer of the whole sequence at once."""
+    for start in range(0, len(tokens) - 1, chunk):
+        low = max(0, start - max(window, 1) + 1)
+        part = np.asarray(tokens[low : start + chunk + 1])
+        hits = np.flatnonzero((part[:-1] == destination) & (part[1:] == out))
+        hits = hits[hits >= start - low]  # the destinations before the chunk are the last chunk's
+        if hits.size == 0:
+            continue
+        seen = np.concatenate([[0], np.cumsum(part == source)])  # seen[i]: occurrences in part[:i]
+        if ((seen[hits + 1] - seen[np.maximum(hits + 1 - window, 0)]) > 0).any():
+            return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Finding and reading the text a model is trained on.
+"""Finding the text a model is trained on, and decoding a text file (the documents are streamed by
+:mod:`qkov.data.sources`).
 
 The default corpus is the source code of the Python standard library that ships with the running
 interpreter (``sysconfig.get_paths()["stdlib"]``, without ``site-packages``): real code that nobody
@@ -8,7 +9,6 @@ here wrote, in which the paper's Python skip-trigrams (``def ... ( -> self``) ca
 from __future__ import annotations
 
 import glob
-import hashlib
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,24 +23,6 @@ EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 class Document:
     path: str
     text: str
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """Decoded documents in a deterministic order, and how many files were skipped."""
-
-    documents: tuple[Document, ...]
-    skipped: int
-
-    def fingerprint(self) -> str:
-        """A digest of every document's path and text: the key of cached tokenizers and tokens."""
-        digest = hashlib.sha256()
-        for doc in self.documents:
-            for part in (doc.path, doc.text):
-                data = part.encode("utf-8", "surrogatepass")
-                digest.update(len(data).to_bytes(8, "little"))
-                digest.update(data)
-        return digest.hexdigest()[:24]
 
 
 def stdlib_root() -> Path:
@@ -82,27 +64,3 @@ def decode(data: bytes) -> str | None:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return None
-
-
-def read_corpus(patterns: list[str] | None = None) -> Corpus:
-    """Read the corpus: the standard library's source by default, else the given paths.
-
-    Undecodable and binary files are skipped and counted; a corpus with no text left is an error.
-    """
-    root = stdlib_root()
-    files = stdlib_files(root) if not patterns else expand(patterns)
-    documents, skipped = [], 0
-    for path in files:
-        try:
-            text = decode(path.read_bytes())
-        except OSError:
-            text = None
-        if text is None:
-            skipped += 1
-        elif text.strip():
-            name = str(path.relative_to(root)) if not patterns else str(path)
-            documents.append(Document(name, text))
-    if not documents:
-        where = "the standard library" if not patterns else ", ".join(patterns)
-        raise QkovError(f"corpus: no text in {where} ({len(files)} file(s), {skipped} binary or undecodable)")
-    return Corpus(tuple(documents), skipped)

@@ -65,7 +65,10 @@ class CorpusFiles:
         elif name.endswith(".parquet"):
             yield from parquet_documents(path, self.text_field)
         else:
-            text = decode(path.read_bytes())
+            try:
+                text = decode(path.read_bytes())
+            except OSError:  # unreadable (permissions, a broken link): skipped like binary
+                text = None
             if text is None:
                 self.skipped += 1
             elif text.strip():

@@ -10,19 +10,13 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from qkov.data.corpus import Corpus
 from qkov.errors import QkovError
 
 END_OF_TEXT = "<|endoftext|>"
 MIN_VOCAB = 257  # the 256 bytes and the end-of-text token
 
 
-def train_tokenizer(corpus: Corpus, vocab_size: int) -> Tokenizer:
-    """Train byte-level BPE with ``vocab_size`` tokens (fewer if the corpus has fewer merges)."""
-    return train_tokenizer_on((d.text for d in corpus.documents), vocab_size, len(corpus.documents))
-
-
-def train_tokenizer_on(texts: Iterable[str], vocab_size: int, length: int | None = None) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, length: int | None = None) -> Tokenizer:
     """Byte-level BPE with ``vocab_size`` tokens trained on ``texts`` (``length`` of them, if known)."""
     if vocab_size < MIN_VOCAB:
         raise QkovError(

@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from qkov.circuits.heads import AttentionExample
-from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange, TrainingPoint
+from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange
 from qkov.circuits.skip_trigrams import SkipTrigram, SkipTrigramBug
 from qkov.names import head_name, parse_head
 from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
 from qkov.report.svg import attention_grid, bars, esc, heatmap, line_chart, scatter, training_heatmap
 from qkov.results import Claim, Results
+from qkov.training_log import TrainingPoint
 
 BLUE, RED = "#1f77b4", "#d62728"
 
