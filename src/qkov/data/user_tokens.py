@@ -58,6 +58,8 @@ class UserTokens:
 
 def _rows(rows: list, file: Path) -> Tensor:
     """A list of rows (lists of ids, or 1-D tensors) as one ``[batch, pos]`` tensor."""
+    if not rows:
+        raise QkovError(f"{file}: no tokens (no rows)")
     lengths = {len(row) for row in rows}
     if len(lengths) > 1:
         raise QkovError(
