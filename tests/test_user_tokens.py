@@ -17,6 +17,7 @@ from qkov.data.user_tokens import IGNORE, next_token_targets, read_ids, read_use
 
 from conftest import random_model
 
+
 class Payload:
     """A pickle whose loading would create the file ``marker``."""
 
@@ -79,13 +80,21 @@ def _bad(tmp_path):
     """Each kind of bad data: (files to write, the command's extra arguments, the one line's words)."""
     ok = IDS
     return {
-        "id outside the vocabulary": ({"t.npy": np.array([[1, 12, 3]])}, [], "token id 12 at row 0, position 1"),
+        "id outside the vocabulary": (
+            {"t.npy": np.array([[1, 12, 3]])},
+            [],
+            "token id 12 at row 0, position 1",
+        ),
         "negative id": ({"t.jsonl": [[1, -1, 3]]}, [], "token id -1 at row 0, position 1"),
         "ragged rows": ({"t.jsonl": None}, [], "ragged rows (lengths 2 to 3)"),
         "too long": ({"t.npy": np.ones((2, 7), dtype=np.int64)}, [], "longer than the context (n_ctx=6)"),
         "empty": ({"t.jsonl": []}, [], "no tokens"),
         "float ids": ({"t.npy": np.ones((2, 3))}, [], "must be integers"),
-        "three dimensions": ({"t.safetensors": np.ones((2, 2, 2), dtype=np.int64)}, [], "expected [batch, pos]"),
+        "three dimensions": (
+            {"t.safetensors": np.ones((2, 2, 2), dtype=np.int64)},
+            [],
+            "expected [batch, pos]",
+        ),
         "unknown kind": ({"t.csv": None}, [], "unknown kind of file"),
         "targets of another shape": ({"t.npy": ok, "y.npy": ok[:, :4]}, ["y.npy"], "targets of shape (2, 4)"),
         "target outside the outputs": ({"t.npy": ok, "y.npy": np.full_like(ok, 12)}, ["y.npy"], "target 12"),

@@ -610,9 +610,7 @@ def task_section(r: Results) -> str:
     task = r.task
     if task is None:
         return ""
-    rows = [
-        [a.head, a.mode, a.loss, a.loss_change, a.accuracy, a.accuracy_change] for a in task.ablations
-    ]
+    rows = [[a.head, a.mode, a.loss, a.loss_change, a.accuracy, a.accuracy_change] for a in task.ablations]
     return (
         "<h3>The model on its own task</h3>"
         + f"<p>On {esc(task.data)}: loss {task.loss:.4f} nats, accuracy {task.accuracy:.4f}, mean "
