@@ -67,5 +67,5 @@ def reference_forward(weights: dict[str, np.ndarray], cfg, tokens: np.ndarray, p
         all_patterns.append(layer_patterns)
         all_writes.append(writes)
     final = layer_norm(resid, w, "ln_final", cfg)
-    logits = final @ w["W_U"] + w.get("b_U", np.zeros(cfg.d_vocab))
+    logits = final @ w["W_U"] + w.get("b_U", np.zeros(cfg.d_out))
     return logits, all_patterns, all_writes, resid

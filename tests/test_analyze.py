@@ -114,7 +114,8 @@ def test_analyze_fills_the_fields_of_exactly_the_steps_that_apply(n_layers, with
     corpus = TokenSplits(rng.integers(0, 24, 3000), rng.integers(0, 24, 600)) if with_corpus else None
     results = analyze(random_model(cfg), corpus, show_progress=False)
     filled = {s.name for s in STEPS if getattr(results, s.name) is not None}
-    assert filled == {s.name for s in STEPS if s.applies(n_layers, with_corpus)}
+    assert filled == {s.name for s in STEPS if s.skip_reason(cfg, with_corpus) is None}
+    assert set(results.skipped) == {s.name for s in STEPS} - filled
     assert ("composition" in filled) == (n_layers >= 2) and ("skip_trigrams" in filled) == (n_layers == 1)
     assert ("bigram" in filled) == with_corpus
 
@@ -173,7 +174,7 @@ def test_analyze_with_a_corpus_needs_a_tokenizer(tmp_path, capsys, tiny_corpus):
 
 
 def _steps_for(model, corpus) -> list[str]:
-    return [s.name for s in STEPS if s.applies(model.cfg.n_layers, corpus is not None)]
+    return [s.name for s in STEPS if s.skip_reason(model.cfg, corpus is not None) is None]
 
 
 @pytest.mark.parametrize("cut", [False, True], ids=["whole", "cut to the budgets"])

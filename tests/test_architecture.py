@@ -4,9 +4,9 @@ screen, and importing the library loads neither the trainer nor the renderer.
 
 The layers, lowest first (``qkov.x`` is ``x``; a package stands for all its modules):
 
-0. foundations: errors, io, numbers, config, names, linalg, loss, machine, distributed, data,
+0. foundations: errors, io, numbers, config, names, linalg, loss, machine, distributed, pickles,
    training_log
-1. the model and its files: model, checkpoint
+1. the model, its files and the data it reads: model, checkpoint, data
 2. models in and out: interop
 3. the paper's ideas, one module each: circuits
 4. what runs them: train, training_run, recipes, results, analyze, claims
@@ -25,9 +25,9 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "qkov"
 LAYERS = (
-    {"errors", "io", "numbers", "config", "names", "linalg", "loss", "machine", "distributed", "data"}
+    {"errors", "io", "numbers", "config", "names", "linalg", "loss", "machine", "distributed", "pickles"}
     | {"training_log"},
-    {"model", "checkpoint"},
+    {"model", "checkpoint", "data"},
     {"interop"},
     {"circuits"},
     {"train", "training_run", "recipes", "results", "analyze", "claims"},

@@ -47,6 +47,24 @@ def version_2_layout(new: dict) -> dict:
                 )
                 for c in bug["crossed"]:
                     c |= {"destination_str": strings[c["destination"]], "out_str": strings[c["out"]]}
+    return without_later_keys(old)
+
+
+def without_later_keys(old: dict) -> dict:
+    """Drop what was added after version 2 and, at its default, says nothing the reference lacks:
+    the output width and start token of the config, the user's task and example, the start
+    position of the repeated-token test; ``skipped`` is dropped whatever it says (version 2 left
+    out the steps that did not apply without a word)."""
+    assert old.pop("task") is None
+    old.pop("skipped")
+    for key in ("d_vocab_out", "bos_token_id"):
+        assert old["config"].pop(key) is None
+    if old["attention_examples"]:
+        assert old["attention_examples"].pop("user") is None
+    if old["repeated_tokens"]:
+        assert old["repeated_tokens"].pop("bos_token_id") is None
+    for effect in old["ablation"] or []:
+        assert effect.pop("start") == 0
     return old
 
 

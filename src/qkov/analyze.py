@@ -36,8 +36,11 @@ from qkov.circuits.qk_ov import qk_position_content
 from qkov.circuits.repeated import repeated_token_behaviour
 from qkov.circuits.skip_trigrams import skip_trigram_tables
 from qkov.circuits.spectra import all_spectra
+from qkov.circuits.task import task_flop, task_performance
+from qkov.config import Config
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.data.tokens import sample_windows
+from qkov.data.user_tokens import UserTokens
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
 from qkov.model import AttnOnlyTransformer
@@ -92,7 +95,12 @@ class Context:
       ``REPEATS`` times that fit ``REPEATED_CACHE_BYTES``;
     - ``example``: one such sequence of ``example_period`` tokens (``PATTERN_EXAMPLE_LENGTH`` in all);
     - with a corpus, ``snippet`` (one eval window of that length) and ``text`` (``REPEAT_BATCH``
-      eval windows of ``n_ctx``).
+      eval windows of ``n_ctx``);
+    - ``user``: the user's own tokens and targets (``--tokens``), when given.
+
+    A model with a start token (``cfg.bos_token_id``) reads it first in every sequence: the repeats
+    (then of period ``(n_ctx - 1) // REPEATS``), the example and the corpus windows; ``start`` is 1,
+    the position the repeats begin at, from which their scores and losses are read.
 
     Steps that rerun the model many times take a part of these within ``RERUN_FLOP_BUDGET``
     (:meth:`rerun_batch`, :meth:`rerun_text`). ``done`` holds the results of the steps run so far."""
@@ -107,26 +115,38 @@ class Context:
     snippet: Tensor | None = None
     text: Tensor | None = None
     done: Mapping[str, Any] = field(default_factory=dict)
+    user: UserTokens | None = None
+    start: int = 0
 
     @classmethod
     def of(
-        cls, model: AttnOnlyTransformer, corpus: CorpusSplits | None, seed: int, done: Mapping[str, Any]
+        cls,
+        model: AttnOnlyTransformer,
+        corpus: CorpusSplits | None,
+        seed: int,
+        done: Mapping[str, Any],
+        user: UserTokens | None = None,
     ) -> Context:
         cfg, generator, device = model.cfg, torch.Generator().manual_seed(seed), model.device
-        period, example_period = cfg.n_ctx // REPEATS, min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx) // REPEATS
+        bos, start = cfg.bos_token_id, int(cfg.bos_token_id is not None)
+        period = (cfg.n_ctx - start) // REPEATS
+        example_period = (min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx) - start) // REPEATS
         if cfg.n_layers == 0:
-            return cls(model, corpus, seed, period, example_period, done=done)
+            return cls(model, corpus, seed, period, example_period, done=done, user=user, start=start)
         full, cache = (REPEAT_BATCH, period), partial(cache_bytes, cfg)
         sequences, period = batch_shape(full, REPEATS, cache, REPEATED_CACHE_BYTES)
-        repeated = repeated_random_tokens(REPEAT_BATCH, period, REPEATS, cfg.d_vocab, generator)[:sequences]
-        example = repeated_random_tokens(1, example_period, REPEATS, cfg.d_vocab, generator)[0]
+        draw = partial(repeated_random_tokens, repeats=REPEATS, d_vocab=cfg.d_vocab, generator=generator)
+        repeated = draw(REPEAT_BATCH, period, bos_token_id=bos)[:sequences]
+        example = draw(1, example_period, bos_token_id=bos)[0]
         snippet = text = None
         if corpus is not None:
-            snippet = sample_windows(corpus.eval, 1, min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx), generator)[0]
-            text = sample_windows(corpus.eval, REPEAT_BATCH, cfg.n_ctx, generator).to(device)
+            snippet = _windows(corpus, 1, min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx), generator, bos)[0]
+            text = _windows(corpus, REPEAT_BATCH, cfg.n_ctx, generator, bos).to(device)
             snippet = snippet.to(device)
         repeated, example = repeated.to(device), example.to(device)
-        return cls(model, corpus, seed, period, example_period, repeated, example, snippet, text, done)
+        return cls(
+            model, corpus, seed, period, example_period, repeated, example, snippet, text, done, user, start
+        )
 
     @cached_property
     def circuit(self) -> AttnOnlyTransformer:
@@ -146,13 +166,16 @@ class Context:
         full = (len(self.repeated), self.period)
         sequences, period = batch_shape(full, REPEATS, cost, RERUN_FLOP_BUDGET)
         described = "repeated random tokens" + (f" of period {period}" if period != self.period else "")
+        cfg = self.model.cfg
         if period == self.period:
             tokens = self.repeated[:sequences]
         else:
             generator = torch.Generator().manual_seed(self.seed + 1)
-            drawn = repeated_random_tokens(sequences, period, REPEATS, self.model.cfg.d_vocab, generator)
+            bos = cfg.bos_token_id
+            drawn = repeated_random_tokens(sequences, period, REPEATS, cfg.d_vocab, generator, bos)
             tokens = drawn.to(self.model.device)
-        return tokens, period, _cut(described, tokens, (full[0], REPEATS * full[1]))
+        described += " after the start token" if self.start else ""
+        return tokens, period, _cut(described, tokens, (full[0], self.start + REPEATS * full[1]))
 
     def rerun_text(self, cost: Callable[[int], float]) -> tuple[Tensor, str]:
         """The first of the ``text`` windows, and their first positions, that fit
@@ -161,7 +184,28 @@ class Context:
         assert self.text is not None
         sequences, length = batch_shape(tuple(self.text.shape), 1, cost, RERUN_FLOP_BUDGET)
         tokens = self.text[:sequences, :length]
-        return tokens, _cut("corpus (eval split)", tokens, tuple(self.text.shape))
+        described = "corpus (eval split)" + (" after the start token" if self.start else "")
+        return tokens, _cut(described, tokens, tuple(self.text.shape))
+
+    def rerun_user(self, cost: Callable[[int], float]) -> tuple[Tensor, Tensor, str]:
+        """``(tokens, targets, description)``: the user's first sequences (whole, at least one) that
+        fit ``RERUN_FLOP_BUDGET`` for a step costing ``cost(length)`` FLOP per token."""
+        assert self.user is not None
+        sequences, _ = batch_shape(tuple(self.user.tokens.shape), 1, cost, RERUN_FLOP_BUDGET)
+        tokens = self.user.tokens[:sequences].to(self.model.device)
+        targets = self.user.targets[:sequences].to(self.model.device)
+        return tokens, targets, _cut(self.user.description, tokens, tuple(self.user.tokens.shape))
+
+
+def _windows(
+    corpus: CorpusSplits, count: int, length: int, generator: torch.Generator, bos: int | None
+) -> Tensor:
+    """``count`` eval windows of ``length`` tokens: with a start token, the token and ``length - 1``
+    of text, as the model read text in training."""
+    if bos is None:
+        return sample_windows(corpus.eval, count, length, generator)
+    windows = sample_windows(corpus.eval, count, length - 1, generator)
+    return torch.cat([torch.full_like(windows[:, :1], bos), windows], dim=1)
 
 
 def _cut(described: str, tokens: Tensor, full: tuple[int, ...]) -> str:
@@ -173,8 +217,12 @@ def _cut(described: str, tokens: Tensor, full: tuple[int, ...]) -> str:
 @dataclass(frozen=True)
 class Step:
     """One analysis: ``run(context)`` returns the ``Results`` field ``name``. It applies to models of
-    ``min_layers`` to ``max_layers`` layers, and only with a corpus when ``needs_corpus``. ``reads``
-    names the steps whose results it reads; ``weight`` is its share of the progress bar."""
+    ``min_layers`` to ``max_layers`` layers; only with a corpus when ``needs_corpus``; only with the
+    user's data (``--tokens``) when ``needs_user_data``; only to a model whose outputs are its input
+    tokens (a square token-to-token circuit, or the next token as target) when ``needs_square``;
+    and, when ``needs_targets``, to a model whose targets are known: the next token (its outputs
+    are tokens) or the user's. ``reads`` names the steps whose results it reads; ``weight`` is its
+    share of the progress bar."""
 
     name: str
     title: str
@@ -184,24 +232,53 @@ class Step:
     needs_corpus: bool = False
     reads: tuple[str, ...] = ()
     weight: int = 1
+    needs_square: bool = False
+    needs_user_data: bool = False
+    needs_targets: bool = False
 
-    def applies(self, n_layers: int, has_corpus: bool) -> bool:
-        deep_enough = n_layers >= self.min_layers and (self.max_layers is None or n_layers <= self.max_layers)
-        return deep_enough and (has_corpus or not self.needs_corpus)
+    def skip_reason(self, cfg: Config, has_corpus: bool, has_user_data: bool = False) -> str | None:
+        """Why the step does not apply to a model of ``cfg`` with this data, in a few words; None
+        when it applies."""
+        outputs = f"the model has {cfg.d_out} outputs (d_vocab_out) for {cfg.d_vocab} input tokens"
+        square = f"needs a square token-to-token circuit: {outputs}"
+        reasons = (
+            (cfg.n_layers < self.min_layers, f"needs at least {self.min_layers} layer(s)"),
+            (self.max_layers is not None and cfg.n_layers > self.max_layers,
+             f"applies to models of at most {self.max_layers} layer(s)"),
+            (self.needs_corpus and not has_corpus, "needs a corpus (--corpus)"),
+            (self.needs_user_data and not has_user_data, "needs the user's data (--tokens)"),
+            (self.needs_square and not cfg.outputs_tokens, square),
+            (self.needs_targets and not (cfg.outputs_tokens or has_user_data),
+             f"needs targets: {outputs}, so give them (--tokens, --targets)"),
+        )  # fmt: skip
+        return next((reason for failed, reason in reasons if failed), None)
 
 
 # -- the steps: behavioural ones run ``ctx.model``, weight-based ones read ``ctx.circuit`` ---------
 def attention_step(ctx: Context) -> AttentionExamples:
-    repeated = f"repeated random tokens ({ctx.example_period} tokens, {REPEATS} times)"
+    after = " after the start token" if ctx.start else ""
+    repeated = f"repeated random tokens ({ctx.example_period} tokens, {REPEATS} times{after})"
     snippet = f"a corpus snippet ({len(ctx.snippet)} tokens)" if ctx.snippet is not None else ""
     corpus = attention_example(ctx.model, ctx.snippet, snippet) if ctx.snippet is not None else None
-    return AttentionExamples(attention_example(ctx.model, ctx.example, repeated), corpus)
+    user = None
+    if ctx.user is not None:
+        first = ctx.user.tokens[0, :PATTERN_EXAMPLE_LENGTH].to(ctx.model.device)
+        user = attention_example(ctx.model, first, f"the first sequence of {ctx.user.description}")
+    return AttentionExamples(attention_example(ctx.model, ctx.example, repeated), corpus, user)
 
 
 def term_importance_step(ctx: Context):
+    """On the user's tokens and targets when given, else on corpus text, else on repeated tokens."""
     cost = partial(term_importance_flop, ctx.model.cfg)
+    if ctx.user is not None:
+        tokens, targets, described = ctx.rerun_user(cost)
+        return term_importance(ctx.model, tokens, described, targets)
     tokens, *_, described = ctx.rerun_text(cost) if ctx.corpus is not None else ctx.rerun_batch(cost)
     return term_importance(ctx.model, tokens, described)
+
+
+def task_step(ctx: Context):
+    return task_performance(ctx.model, *ctx.rerun_user(partial(task_flop, ctx.model.cfg)))
 
 
 def skip_trigram_step(ctx: Context):
@@ -212,39 +289,46 @@ def skip_trigram_step(ctx: Context):
 
 def ablation_step(ctx: Context):
     tokens, period, _ = ctx.rerun_batch(partial(ablation_flop, ctx.model.cfg))
-    return ablation_effects(ctx.model, tokens, period)
+    return ablation_effects(ctx.model, tokens, period, start=ctx.start)
 
 
 STEPS: tuple[Step, ...] = (
     Step(
         "bigram", "Direct path as a bigram table", lambda ctx: compare_bigrams(ctx.model, ctx.counts),
-        needs_corpus=True,
+        needs_corpus=True, needs_square=True,
     ),
     Step("spectra", "Spectra of every head", lambda ctx: all_spectra(ctx.circuit, SPECTRUM_TOP_K), 1),
     Step(
         "copying_direct", "Direct copying measures", lambda ctx: default_direct_copying(ctx.circuit), 1,
-        weight=2,
+        weight=2, needs_square=True,
     ),
-    Step("copying", "Copying (OV eigenvalues)", lambda ctx: copying_analysis(ctx.circuit), 1),
+    Step(
+        "copying", "Copying (OV eigenvalues)", lambda ctx: copying_analysis(ctx.circuit), 1,
+        needs_square=True,
+    ),
     Step(
         "copying_comparison", "Eigenvalues against direct copying",
         lambda ctx: compare_copying(ctx.done["copying"], ctx.done["copying_direct"]), 1,
-        reads=("copying_direct", "copying"),
+        reads=("copying_direct", "copying"), needs_square=True,
     ),
     Step(
         "repeated_tokens", "Repeated random tokens",
-        lambda ctx: repeated_token_behaviour(ctx.model, ctx.repeated, ctx.period, REPEATS), 1,
+        lambda ctx: repeated_token_behaviour(
+            ctx.model, ctx.repeated, ctx.period, REPEATS, ctx.model.cfg.bos_token_id
+        ), 1, needs_square=True,
     ),
     Step("attention_examples", "Attention patterns", attention_step, 1),
     Step("qk_position_content", "Position versus content", lambda ctx: qk_position_content(ctx.circuit), 1),
-    Step("term_importance", "Term importance", term_importance_step, 1, weight=2),
-    Step("skip_trigrams", "Skip-trigrams", skip_trigram_step, 1, max_layers=1, weight=2),
+    Step("term_importance", "Term importance", term_importance_step, 1, weight=2, needs_targets=True),
+    Step("skip_trigrams", "Skip-trigrams", skip_trigram_step, 1, max_layers=1, weight=2, needs_square=True),
     Step("composition", "Composition scores", lambda ctx: composition(ctx.circuit), 2),
     Step(
         "induction_check", "Induction mechanism (K-composition)",
         lambda ctx: induction_checks(ctx.circuit, ctx.done["copying"]), 2, reads=("copying",),
+        needs_square=True,
     ),
-    Step("ablation", "Ablations", ablation_step, 2, weight=2),
+    Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
+    Step("task", "The user's task (loss, accuracy, ablations)", task_step, weight=2, needs_user_data=True),
 )  # fmt: skip
 
 
@@ -260,17 +344,25 @@ def analyze(
     training_log: list[TrainingPoint] | None = None,
     show_progress: bool = True,
     seed: int = 0,
+    user_tokens: UserTokens | None = None,
 ) -> Results:
     """Run every step that applies to the model. ``corpus_tokens`` (train and eval token ids, in the
     model's tokenizer) adds the bigram comparison, marks skip-trigram bugs that never occur, and
     gives the text for term importance; without it term importance uses repeated random tokens.
+    ``user_tokens`` (:func:`qkov.data.user_tokens.read_user_tokens`) adds the task step and an
+    attention example, and term importance runs on them against their targets. ``Results.skipped``
+    says why each other step did not run.
     Every step computes where the model's weights are (``model.to("cuda")`` to analyse on a GPU)."""
     cfg = model.cfg
-    steps = [s.name for s in STEPS if s.applies(cfg.n_layers, corpus_tokens is not None)]
-    done = run_steps(model, steps, corpus_tokens, seed, show_progress)
+    reasons = {s.name: s.skip_reason(cfg, corpus_tokens is not None, user_tokens is not None) for s in STEPS}
+    steps = [name for name, reason in reasons.items() if reason is None]
+    done = run_steps(model, steps, corpus_tokens, seed, show_progress, user_tokens)
     log = training_log or []
     strings = token_strings(model.tokenizer, cfg.d_vocab)
-    return Results(config=cfg, tokens=strings, training=log, phase_change=phase_change(log), **done)
+    skipped = {name: reason for name, reason in reasons.items() if reason is not None}
+    return Results(
+        config=cfg, tokens=strings, training=log, phase_change=phase_change(log), skipped=skipped, **done
+    )
 
 
 def run_steps(
@@ -279,6 +371,7 @@ def run_steps(
     corpus_tokens: CorpusSplits | None = None,
     seed: int = 0,
     show_progress: bool = False,
+    user_tokens: UserTokens | None = None,
 ) -> dict[str, Any]:
     """Run the named steps, and the steps they read, in registry order, on the same seeded inputs
     as :func:`analyze`: ``{name: result}`` for every step run. ``qkov serve`` uses it to answer with
@@ -293,7 +386,7 @@ def run_steps(
     steps = [s for s in STEPS if s.name in wanted]
     model = model.eval()
     done: dict[str, Any] = {}
-    ctx = Context.of(model, corpus_tokens, seed, MappingProxyType(done))
+    ctx = Context.of(model, corpus_tokens, seed, MappingProxyType(done), user_tokens)
     with _progress(show_progress) as progress, torch.no_grad():
         task = progress.add_task("analysing", total=sum(s.weight for s in steps))
         for step in steps:

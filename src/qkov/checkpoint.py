@@ -25,12 +25,13 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 
+
 def expected_shapes(cfg: Config) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """The tensors a checkpoint of ``cfg`` must hold, and the optional biases (absent = zero).
     LayerNorm's ``w`` and ``b`` are required with ``normalization="LN"`` (they are the norm)."""
     h, d, e, v = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_vocab
-    required: dict[str, tuple[int, ...]] = {"W_E": (v, d), "W_U": (d, v)}
-    optional: dict[str, tuple[int, ...]] = {"b_U": (v,)}
+    required: dict[str, tuple[int, ...]] = {"W_E": (v, d), "W_U": (d, cfg.d_out)}
+    optional: dict[str, tuple[int, ...]] = {"b_U": (cfg.d_out,)}
     if cfg.has_positions:
         required["W_pos"] = (cfg.n_ctx, d)
     affine_norms = ["ln_final"] if cfg.normalization == "LN" else []

@@ -152,12 +152,26 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         "adds the bigram comparison and checks skip-trigram bugs against the text",
     )
     add_text_field_argument(p)
+    p.add_argument(
+        "--tokens",
+        metavar="FILE",
+        help="your own sequences of token ids [batch, pos] (.npy, .safetensors, .pt, or .jsonl with a list "
+        "of ids per line): adds the task's loss, accuracy and head ablations; term importance and an "
+        "attention example run on them",
+    )
+    p.add_argument(
+        "--targets",
+        metavar="FILE",
+        help="the target at each position of --tokens, same formats and shape, -100 for none "
+        "(default: the next token)",
+    )
 
 
 def analyze_command(args: argparse.Namespace) -> None:
     from qkov.analyze import analyze
     from qkov.checkpoint import load
     from qkov.data.shards import corpus_tokens
+    from qkov.data.user_tokens import read_user_tokens
     from qkov.io import atomic_write_text
     from qkov.machine import compute_device
     from qkov.report import render_report
@@ -172,8 +186,11 @@ def analyze_command(args: argparse.Namespace) -> None:
         if model.tokenizer is None:
             raise QkovError("--corpus needs a checkpoint with a tokenizer.json to read text")
         corpus = corpus_tokens(args.corpus, model.tokenizer, args.text_field, not args.quiet)
+    if args.targets and not args.tokens:
+        raise QkovError("--targets needs --tokens (the sequences they belong to)")
+    user = read_user_tokens(args.tokens, args.targets, model.cfg) if args.tokens else None
     log = read_training_log(Path(args.checkpoint))
-    results = analyze(model, corpus, log, not args.quiet, args.seed)
+    results = analyze(model, corpus, log, not args.quiet, args.seed, user)
     out.mkdir(parents=True, exist_ok=True)
     write_results(results, out)
     atomic_write_text(out / "report.html", render_report({f"{model.cfg.n_layers}-layer": results}))
@@ -202,6 +219,28 @@ def summary_lines(results: Results) -> list[str]:
                     f"  {h.name}: previous-token {h.previous_token_score:.2f}, "
                     f"induction {h.induction_score:.2f}, copying {copying.get(h.name) or 0.0:+.2f}"
                 )
+    return lines + task_lines(results)
+
+
+def task_lines(results: Results) -> list[str]:
+    """The task's numbers on the user's data (and the heads whose ablation costs most), and one
+    line per analysis that was skipped, saying why."""
+    lines = []
+    if (task := results.task) is not None:
+        lines.append(
+            f"  task on {task.data}: loss {task.loss:.4f} nats, accuracy {task.accuracy:.4f}, "
+            f"mean target probability {task.mean_target_probability:.4f} ({task.positions} positions)"
+        )
+        worst = sorted(task.ablations, key=lambda a: -a.loss_change)[:3]
+        if worst:
+            lines.append(
+                "  ablations costing most: "
+                + ", ".join(
+                    f"{a.head} ({a.mode}) {a.loss_change:+.3f} nats, accuracy {a.accuracy_change:+.3f}"
+                    for a in worst
+                )
+            )
+    lines += [f"  skipped {name}: {reason}" for name, reason in results.skipped.items()]
     return lines
 
 
@@ -229,13 +268,20 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
         help="a safetensors file of tokens [batch, pos] and the source's logits [batch, pos, d_vocab]: "
         "print the largest log-probability difference; refuse the import above 1e-4",
     )
+    p.add_argument(
+        "--bos-token-id",
+        type=int,
+        metavar="N",
+        help="the start token the model's sequences begin with in training (default: the source's, "
+        "else none): the repeated-token test and corpus text then begin with it",
+    )
 
 
 def import_command(args: argparse.Namespace) -> None:
     from qkov.interop import import_checkpoint
 
     model, lines = import_checkpoint(
-        args.src, args.out, not args.no_fold, args.config, args.mapping, args.check
+        args.src, args.out, not args.no_fold, args.config, args.mapping, args.check, args.bos_token_id
     )
     for line in lines:
         console.print(line, highlight=False, markup=False, soft_wrap=True)

@@ -10,7 +10,12 @@ options of the same model (imported from Hugging Face or TransformerLens, or tra
 - ``d_mlp``: the MLP's hidden width after each attention layer (0: attention-only), with ``act_fn``;
 - ``ln_eps``: LayerNorm's epsilon;
 - ``source``: where the weights came from (``"qkov"``: trained here, ``"huggingface"``,
-  ``"transformer_lens"``), so results can say so.
+  ``"transformer_lens"``), so results can say so;
+- ``d_vocab_out``: the width of the unembedding when the model's outputs are not its input tokens
+  (a classifier's 2 classes; ``None``: ``d_vocab``, a language model's next token);
+- ``bos_token_id``: the start token the model's sequences begin with in training (``None``: none,
+  qkov's own models). The repeated-token test then reads ``[BOS]`` followed by the repeats, as the
+  paper's own induction test begins with ``<START>``, and corpus windows and typed text begin with it.
 
 Positions follow one of three schemes:
 
@@ -53,6 +58,8 @@ class Config:
     act_fn: str = "gelu_new"
     ln_eps: float = 1e-5
     source: str = "qkov"
+    d_vocab_out: int | None = None
+    bos_token_id: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "d_model", "d_head", "d_vocab", "n_ctx"):
@@ -75,6 +82,28 @@ class Config:
             raise QkovError(f"config: d_mlp must be a non-negative integer, got {self.d_mlp!r}")
         if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, int | float) or not self.ln_eps > 0:
             raise QkovError(f"config: ln_eps must be a positive number, got {self.ln_eps!r}")
+        out = self.d_vocab_out
+        if out is not None and (not isinstance(out, int) or isinstance(out, bool) or out < 1):
+            raise QkovError(f"config: d_vocab_out must be a positive integer or null, got {out!r}")
+        bos = self.bos_token_id
+        if bos is not None and (
+            not isinstance(bos, int) or isinstance(bos, bool) or not 0 <= bos < self.d_vocab
+        ):
+            raise QkovError(
+                f"config: bos_token_id must be a token id in [0, {self.d_vocab}) or null, got {bos!r}"
+            )
+
+    @property
+    def d_out(self) -> int:
+        """The unembedding's width: ``d_vocab_out``, else ``d_vocab``."""
+        return self.d_vocab if self.d_vocab_out is None else self.d_vocab_out
+
+    @property
+    def outputs_tokens(self) -> bool:
+        """Whether the outputs are over the input vocabulary, so that token-to-token circuits
+        (``W_E ... W_U``: bigrams, skip-trigrams, OV copying) are square and the next token can be
+        the target."""
+        return self.d_out == self.d_vocab
 
     @property
     def has_positions(self) -> bool:

@@ -240,8 +240,8 @@ class Transformer(nn.Module):
         self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model)) if cfg.has_positions else None
         self.blocks = nn.ModuleList(Block(cfg, biases) for _ in range(cfg.n_layers))
         self.ln_final = LayerNorm(cfg) if cfg.has_layer_norm else None
-        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
-        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab)) if biases else None
+        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_out))  # d_vocab unless d_vocab_out says
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_out)) if biases else None
         self.tokenizer = None  # a tokenizers.Tokenizer, set by qkov.load when the checkpoint has one
         if init:  # skipped by whoever fills every weight next (loading a checkpoint: seconds at GPT-2 size)
             init_weights(self, torch.Generator().manual_seed(0))

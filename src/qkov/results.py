@@ -20,7 +20,7 @@ file of another ``schema_version`` with one line.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from qkov.circuits.phase_change import PhaseChange
 from qkov.circuits.repeated import RepeatedTokens
 from qkov.circuits.skip_trigrams import SkipTrigrams
 from qkov.circuits.spectra import Spectra
+from qkov.circuits.task import Task
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
@@ -52,7 +53,7 @@ SCHEMA_FILE = Path(__file__).parent / "schema" / "results.schema.json"
 class Results:
     """Every analysis of one checkpoint (``results.json`` of ``qkov analyze``). An analysis that
     does not apply to the model (composition needs two layers, the bigram comparison a corpus) is
-    ``None``."""
+    ``None``, and ``skipped`` maps its name to the reason."""
 
     config: Config
     tokens: list[str]
@@ -72,6 +73,8 @@ class Results:
     composition: Composition | None = None
     induction_check: list[InductionCheck] | None = None
     ablation: list[AblationEffect] | None = None
+    task: Task | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from qkov.circuits.budget import forward_flop, layer_flop, unembed_flop
-from qkov.circuits.heads import induction_scores, pattern_offset_attention
+from qkov.circuits.heads import after_start, induction_scores, pattern_offset_attention
 from qkov.config import Config
 from qkov.data.random_tokens import loss_per_repeat
 from qkov.errors import QkovError
@@ -33,10 +33,13 @@ class RepeatBehaviour:
 
 
 def repeat_behaviour(
-    logits: Tensor, cache: dict, tokens: Int[Tensor, "batch pos"], period: int
+    logits: Tensor, cache: dict, tokens: Int[Tensor, "batch pos"], period: int, start: int = 0
 ) -> RepeatBehaviour:
+    """The induction scores and the loss per repeat of one run, read on the positions from
+    ``start`` on (``start = 1`` after a start token: the repeats themselves)."""
+    logits, tokens = logits[:, start:], tokens[:, start:]
     per_repeat = loss_per_repeat(token_losses(logits[:, :-1], tokens[:, 1:]), period)
-    return RepeatBehaviour(induction_scores(cache, period).tolist(), per_repeat)
+    return RepeatBehaviour(induction_scores(after_start(cache, start), period).tolist(), per_repeat)
 
 
 @torch.no_grad()
@@ -72,7 +75,8 @@ def run_ablated(
 class AblationEffect:
     """One earlier head replaced by zero or by its mean (``mode``): the change in each later head's
     induction score and in the loss on each repeat, against the clean run, on ``sequences``
-    sequences of random tokens repeating every ``period`` positions."""
+    sequences of random tokens repeating every ``period`` positions (after a start token when
+    ``start`` is 1)."""
 
     head: str
     mode: str
@@ -81,6 +85,7 @@ class AblationEffect:
     loss_change: list[float]
     sequences: int
     period: int
+    start: int = 0
 
 
 # Ablations that start at the same layer run stacked along the batch, up to this many tokens per
@@ -104,17 +109,19 @@ def ablation_effects(
     tokens: Int[Tensor, "batch pos"],
     period: int,
     clean_run: tuple[Tensor, dict] | None = None,
+    start: int = 0,
 ) -> list[AblationEffect]:
     """For every head of every layer but the last, zero- and mean-ablated: the change in each later
     head's induction score and in the loss on each repeat, against the clean run (``clean_run``,
-    the unablated ``(logits, cache)`` on ``tokens``, computed when not given).
+    the unablated ``(logits, cache)`` on ``tokens``, computed when not given), read on the positions
+    from ``start`` on (1: after a start token).
 
     Each ablated run equals :func:`run_ablated`'s full rerun, but starts at the ablated head's layer
     from the clean run's residual stream there (the layers before it see nothing of the ablation),
     with the ablations of one layer stacked along the batch (``FORWARD_TOKENS`` at a time)."""
     tokens = model.check_tokens(tokens)
     logits, cache = clean_run if clean_run is not None else model.run_with_cache(tokens)
-    clean = repeat_behaviour(logits, cache, tokens, period)
+    clean = repeat_behaviour(logits, cache, tokens, period, start)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     per_forward = max(1, FORWARD_TOKENS // tokens.numel())
     effects = []
@@ -122,7 +129,7 @@ def ablation_effects(
         ablations = [(head, mode) for head in range(n_heads) for mode in MODES]
         for first in range(0, len(ablations), per_forward):
             group = ablations[first : first + per_forward]
-            runs = _ablated_from(model, tokens, period, layer, group, cache)
+            runs = _ablated_from(model, tokens, (period, start), layer, group, cache)
             for (head, mode), ablated in zip(group, runs, strict=True):
                 changes = zip(ablated.loss_per_repeat, clean.loss_per_repeat, strict=True)
                 effects.append(
@@ -138,6 +145,7 @@ def ablation_effects(
                         loss_change=[a - c for a, c in changes],
                         sequences=tokens.shape[0],
                         period=period,
+                        start=start,
                     )
                 )
     return effects
@@ -146,15 +154,16 @@ def ablation_effects(
 def _ablated_from(
     model: AttnOnlyTransformer,
     tokens: Int[Tensor, "batch pos"],
-    period: int,
+    repeats: tuple[int, int],
     layer: int,
     group: list[tuple[int, str]],
     clean: dict,
 ) -> list[RepeatBehaviour]:
     """The runs with each ``(head, mode)`` of ``layer`` ablated, stacked along the batch and started
     at ``layer`` from the clean residual stream; ``induction`` holds the layers from ``layer`` on
-    (earlier layers' entries are NaN: the ablation cannot reach them)."""
-    batch, n = tokens.shape[0], len(group)
+    (earlier layers' entries are NaN: the ablation cannot reach them). ``repeats`` is the period
+    and the first position of the repeats (:func:`repeat_behaviour`)."""
+    (period, start), batch, n = repeats, tokens.shape[0], len(group)
     writes = clean[hook_name(layer, "result")]
     replacements = [0.0 if mode == "zero" else writes[:, :, head].mean((0, 1)) for head, mode in group]
 
@@ -168,14 +177,13 @@ def _ablated_from(
 
     resid = clean[hook_name(layer, "resid_pre")].repeat(n, 1, 1)
     logits, cache = model.run_with_cache(tokens, edit_writes=edit, start=(layer, resid))
-    targets = tokens[:, 1:].repeat(n, 1)
-    losses = token_losses(logits[:, :-1], targets).unflatten(0, (n, batch))  # [runs, batch, pos - 1]
+    targets = tokens[:, start + 1 :].repeat(n, 1)
+    losses = token_losses(logits[:, start:-1], targets).unflatten(0, (n, batch))  # [runs, batch, pos - 1]
     shape = (n, model.cfg.n_layers, model.cfg.n_heads)
     induction = torch.full(shape, torch.nan, dtype=logits.dtype, device=logits.device)
     for later in range(layer, model.cfg.n_layers):
-        pattern = cache[hook_name(later, "pattern")].unflatten(0, (n, batch))
+        pattern = cache[hook_name(later, "pattern")][..., start:, start:].unflatten(0, (n, batch))
         induction[:, later] = pattern_offset_attention(pattern, period - 1, period)
     return [
-        RepeatBehaviour(induction[run].tolist(), loss_per_repeat(losses[run], period))
-        for run in range(n)
+        RepeatBehaviour(induction[run].tolist(), loss_per_repeat(losses[run], period)) for run in range(n)
     ]

@@ -29,7 +29,7 @@ def layer_flop(cfg: Config, length: int) -> float:
 
 def unembed_flop(cfg: Config) -> float:
     """One token's logits: ``x @ W_U``."""
-    return 2 * cfg.d_model * cfg.d_vocab
+    return 2 * cfg.d_model * cfg.d_out
 
 
 def forward_flop(cfg: Config, length: int) -> float:
@@ -42,7 +42,7 @@ def cache_bytes(cfg: Config, length: int) -> float:
     the residual streams, MLP writes and LayerNorm scales (about 6 ``d_model`` vectors a layer), and
     the logits with the cross-entropy's copy of them."""
     per_layer = cfg.n_heads * (length + cfg.d_model) + 6 * cfg.d_model
-    return FLOAT_BYTES * (cfg.n_layers * per_layer + 2 * cfg.d_vocab)
+    return FLOAT_BYTES * (cfg.n_layers * per_layer + 2 * cfg.d_out)
 
 
 def batch_shape(

@@ -5,7 +5,9 @@ previous-token, duplicate-token and induction heads); copying is in :mod:`qkov.c
 - An *induction* head, on a sequence that repeats with period ``L``, attends from a token in a
   repeat to the token just after the same token's previous occurrence: ``src = dest - L + 1``.
 
-Scores are mean attention weights in ``[0, 1]``, one per head, ``[n_layers, n_heads]``.
+Scores are mean attention weights in ``[0, 1]``, one per head, ``[n_layers, n_heads]``. On
+sequences that begin with a start token (BOS) they are read on the positions after it
+(:func:`after_start`), with the same definitions.
 """
 
 from __future__ import annotations
@@ -30,6 +32,18 @@ INDUCTION_HEAD = 0.3
 def _stacked_patterns(cache: ActivationCache) -> Float[Tensor, "n_layers batch n_heads dest src"]:
     n_layers = sum(1 for key in cache if key.endswith("attn.hook_pattern"))
     return torch.stack([cache[hook_name(layer, "pattern")] for layer in range(n_layers)])
+
+
+def after_start(cache: ActivationCache, start: int) -> ActivationCache:
+    """Every attention pattern of ``cache`` among the positions from ``start`` on (``start = 1``: the
+    positions after a start token): rows and columns before ``start`` dropped, so that every offset
+    and every position keeps its meaning within the sequence after the start token (attention paid
+    to the start token itself counts for no score)."""
+    if not start:
+        return cache
+    n_layers = sum(1 for key in cache if key.endswith("attn.hook_pattern"))
+    names = [hook_name(layer, "pattern") for layer in range(n_layers)]
+    return {name: cache[name][..., start:, start:] for name in names}
 
 
 def offset_attention(
@@ -78,10 +92,12 @@ class AttentionExample:
 
 @dataclass(frozen=True)
 class AttentionExamples:
-    """The patterns the report draws: on repeated random tokens, and on a corpus snippet if any."""
+    """The patterns the report draws: on repeated random tokens, on a corpus snippet if any, and
+    on the first of the user's sequences if any."""
 
     repeated: AttentionExample
     corpus: AttentionExample | None
+    user: AttentionExample | None = None
 
 
 @torch.no_grad()

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from qkov.circuits.budget import forward_flop, unembed_flop
 from qkov.config import Config
+from qkov.data.user_tokens import IGNORE
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
@@ -193,7 +194,8 @@ def path_expansion(
 
 @dataclass(frozen=True)
 class TermImportance:
-    """Next-token loss (nats) with the paths up to each order kept and the rest cut.
+    """Loss (nats) with the paths up to each order kept and the rest cut: against the next token,
+    or against the given targets (a task's own, e.g. a classifier's label at its last position).
 
     ``loss_by_order[n]`` keeps the paths through at most ``n`` heads (``loss_by_order[0]``: the
     direct path alone; ``loss_by_order[n_layers]``: every path, i.e. the model); ``marginal[n - 1]``
@@ -210,8 +212,14 @@ class TermImportance:
     tokens: str
 
 
-def _next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> float:
-    return float(F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()))
+def _target_loss(
+    logits: Float[Tensor, "batch pos d_out"], tokens: Int[Tensor, "batch pos"], targets: Tensor | None
+) -> float:
+    """The mean cross-entropy against ``targets`` over the positions that have one (``IGNORE``:
+    none), or against the next token when ``targets`` is None."""
+    if targets is None:
+        return float(F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()))
+    return float(F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE))
 
 
 def _head_writes(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream: Tensor) -> Tensor:
@@ -251,7 +259,10 @@ def term_importance_flop(cfg: Config, length: int) -> float:
 
 
 def term_importance(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], described: str = "the given tokens"
+    model: AttnOnlyTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    described: str = "the given tokens",
+    targets: Int[Tensor, "batch pos"] | None = None,
 ) -> TermImportance:
     """The paper's term importance analysis by path order (section "Term Importance Analysis").
 
@@ -262,7 +273,9 @@ def term_importance(
     ``b_U`` joins the direct path, and ``b_V`` and ``b_O`` count with the head or layer that adds
     them.
     The last run is the model itself, so ``loss_by_order[-1]`` is the model's loss. ``described``
-    names the tokens in the result.
+    names the tokens in the result. The loss is against the next token, or against ``targets``
+    (one per position, ``-100`` where there is none) when given: a model trained on a task of its
+    own (:mod:`qkov.data.user_tokens`).
 
     GPT-2-style models: LayerNorm scales are frozen with the patterns, and every MLP's write is
     frozen at its value in the model's run and kept at every order (orders count heads; the MLP
@@ -271,14 +284,15 @@ def term_importance(
     to run 0.
     """
     tokens = model.check_tokens(tokens)
-    if tokens.shape[1] < 2:
+    if targets is None and tokens.shape[1] < 2:
         raise QkovError("term importance needs sequences of at least 2 tokens (it measures next-token loss)")
+    targets = None if targets is None else targets.to(model.device)
     with torch.no_grad():
         frozen = freeze(model, tokens)
         start, _ = model.embed(tokens)
 
         def loss(resid: Tensor) -> float:
-            return _next_token_loss(_unembed_affine(model, frozen, resid), tokens)
+            return _target_loss(_unembed_affine(model, frozen, resid), tokens, targets)
 
         base, inputs = _rerun(model, frozen, start, None)
         first_inputs = inputs

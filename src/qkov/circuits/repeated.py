@@ -21,6 +21,7 @@ from qkov.circuits.ablation import repeat_behaviour
 from qkov.circuits.heads import (
     INDUCTION_HEAD,
     PREVIOUS_TOKEN_HEAD,
+    after_start,
     duplicate_token_scores,
     previous_token_scores,
 )
@@ -48,7 +49,8 @@ class RepeatedTokens:
     """Behaviour on ``sequences`` random sequences of ``period`` tokens repeated ``repeats`` times:
     the mean next-token loss on each repeat and every head's scores. ``previous_token_heads`` and
     ``induction_heads`` are the heads whose score passes ``previous_token_threshold`` and
-    ``induction_threshold``."""
+    ``induction_threshold``. ``bos_token_id``: the start token every sequence began with (the
+    scores and losses are then read on the positions after it), or None."""
 
     period: int
     repeats: int
@@ -59,17 +61,25 @@ class RepeatedTokens:
     induction_threshold: float
     previous_token_heads: list[str]
     induction_heads: list[str]
+    bos_token_id: int | None = None
 
 
 @torch.no_grad()
 def repeated_token_behaviour(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], period: int, repeats: int
+    model: AttnOnlyTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    period: int,
+    repeats: int,
+    bos_token_id: int | None = None,
 ) -> RepeatedTokens:
     """The loss per repeat and every head's scores on ``tokens``, sequences repeating every
-    ``period`` positions (``repeats`` times)."""
+    ``period`` positions (``repeats`` times), after the start token ``bos_token_id`` when given
+    (``tokens[:, 0]``), whose position then counts for no score and no loss."""
     logits, cache = model.run_with_cache(tokens)
-    behaviour = repeat_behaviour(logits, cache, tokens, period)
-    previous, duplicate = previous_token_scores(cache), duplicate_token_scores(cache, period)
+    start = int(bos_token_id is not None)
+    behaviour = repeat_behaviour(logits, cache, tokens, period, start)
+    repeats_only = after_start(cache, start)
+    previous, duplicate = previous_token_scores(repeats_only), duplicate_token_scores(repeats_only, period)
     heads = [
         HeadBehaviour(
             name=head_name(layer, head),
@@ -91,4 +101,5 @@ def repeated_token_behaviour(
         induction_threshold=INDUCTION_HEAD,
         previous_token_heads=[h.name for h in heads if (h.previous_token_score or 0) > PREVIOUS_TOKEN_HEAD],
         induction_heads=[h.name for h in heads if (h.induction_score or 0) > INDUCTION_HEAD],
+        bos_token_id=bos_token_id,
     )

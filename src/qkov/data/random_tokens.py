@@ -14,16 +14,33 @@ from qkov.errors import QkovError
 
 
 def repeated_random_tokens(
-    batch_size: int, length: int, repeats: int, d_vocab: int, generator: torch.Generator
+    batch_size: int,
+    length: int,
+    repeats: int,
+    d_vocab: int,
+    generator: torch.Generator,
+    bos_token_id: int | None = None,
 ) -> Int[Tensor, "batch pos"]:
     """``batch_size`` sequences, each one random sequence of ``length`` tokens repeated
-    ``repeats`` times (``pos = length * repeats``). Token 0 (end-of-text) is never drawn."""
+    ``repeats`` times (``pos = length * repeats``). Token 0 (end-of-text) is never drawn.
+
+    With ``bos_token_id``, every sequence begins with that start token, then the repeats
+    (``pos = 1 + length * repeats``), as the paper's induction test begins with ``<START>``; the
+    start token is then never drawn either (the same draws shifted past it), so it occurs only at
+    position 0, as in training."""
     if length < 2 or repeats < 2:
         raise QkovError(f"repeated random tokens need length >= 2 and repeats >= 2, got {length}, {repeats}")
-    if d_vocab < 2:
-        raise QkovError("repeated random tokens need a vocabulary of at least 2 tokens")
-    block = torch.randint(1, d_vocab, (batch_size, length), generator=generator, device=generator.device)
-    return block.repeat(1, repeats)
+    skip = bos_token_id is not None and bos_token_id > 0
+    if d_vocab < 2 + skip:
+        raise QkovError(f"repeated random tokens need a vocabulary of at least {2 + skip} tokens")
+    high = d_vocab - skip
+    block = torch.randint(1, high, (batch_size, length), generator=generator, device=generator.device)
+    if skip:
+        block = block + (block >= bos_token_id)
+    sequences = block.repeat(1, repeats)
+    if bos_token_id is None:
+        return sequences
+    return torch.cat([torch.full_like(sequences[:, :1], bos_token_id), sequences], dim=1)
 
 
 def loss_per_repeat(losses: Float[Tensor, "... pos"], period: int) -> list[float]:

@@ -1,7 +1,7 @@
 """Models in and out of qkov: Hugging Face GPT-2 (:mod:`qkov.interop.hf`), TransformerLens
 (:mod:`qkov.interop.transformer_lens`, legacy configs in :mod:`qkov.interop.tl_legacy`), weights in
 any other layout by a key mapping (:mod:`qkov.interop.mapping`), pickled state dicts read safely
-(:mod:`qkov.interop.pickled`) and LayerNorm folding (:mod:`qkov.interop.fold`).
+(:mod:`qkov.pickles`) and LayerNorm folding (:mod:`qkov.interop.fold`).
 
 An imported model is an ordinary qkov model (:class:`qkov.Transformer`); ``cfg.source`` says where
 it came from. :func:`import_checkpoint` is ``qkov import``: it tells the kinds of source apart by
@@ -10,6 +10,7 @@ their ``config.json`` (or reads a mapping) and writes a qkov checkpoint folder.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from pathlib import Path
@@ -71,14 +72,16 @@ def import_checkpoint(
     config: str | os.PathLike | None = None,
     mapping: str | os.PathLike | None = None,
     reference: str | os.PathLike | None = None,
+    bos_token_id: int | None = None,
 ) -> tuple[Transformer, list[str]]:
     """``qkov import``: read ``src`` (a folder, or a weights file: safetensors or a pickled state
     dict) as Hugging Face or TransformerLens weights with ``config`` (default: the ``config.json``
     beside them), or through ``mapping`` (:mod:`qkov.interop.mapping`); fold it unless ``fold`` is
     false; with ``reference`` (a safetensors file of ``tokens`` and the source's ``logits``), check
-    the log-probabilities agree; and save a qkov checkpoint folder at ``out``, only once all that
-    succeeded. Returns the model and the lines to show: ``note: ...`` for each folding step that
-    could not be done exactly, and the agreement with the reference."""
+    the log-probabilities agree; with ``bos_token_id``, record the start token the model's
+    sequences begin with (replacing the source's); and save a qkov checkpoint folder at ``out``,
+    only once all that succeeded. Returns the model and the lines to show: ``note: ...`` for each
+    folding step that could not be done exactly, and the agreement with the reference."""
     src, out = Path(src), Path(out)
     weights = weights_file(src)
     if out.resolve() == weights.parent.resolve():
@@ -94,6 +97,8 @@ def import_checkpoint(
         else:
             model = from_transformer_lens(src, fold, config)
     lines = [f"note: {w.message}" for w in caught if issubclass(w.category, FoldNote)]
+    if bos_token_id is not None:
+        model.cfg = dataclasses.replace(model.cfg, bos_token_id=bos_token_id)
     if reference is not None:
         tokens, logits = reference_file(reference)
         lines.append(checked_agreement(model, tokens, logits, str(reference)))

@@ -27,10 +27,10 @@ def log_prob_difference(
     """``max |log_softmax(model(tokens)) - log_softmax(reference)|``, both in float64 (``reference``
     holds logits or log-probabilities: ``log_softmax`` of log-probabilities is themselves)."""
     tokens = model.check_tokens(tokens)
-    if tuple(reference.shape) != (*tokens.shape, model.cfg.d_vocab):
+    if tuple(reference.shape) != (*tokens.shape, model.cfg.d_out):
         raise QkovError(
             f"reference logits have shape {tuple(reference.shape)}, expected "
-            f"{(*tokens.shape, model.cfg.d_vocab)} (the tokens' shape and d_vocab)"
+            f"{(*tokens.shape, model.cfg.d_out)} (the tokens' shape and the output width)"
         )
     with torch.no_grad():
         ours = copy.deepcopy(model).double()(tokens).log_softmax(-1)

@@ -39,14 +39,16 @@ _REQUIRED = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
 
 def hf_config(data: dict[str, Any], where: str) -> Config:
     """The qkov config of a GPT-2 ``config.json``, refusing what qkov cannot run with one line
-    naming the feature and the config key."""
+    naming the feature and the config key. Its ``bos_token_id`` (GPT-2's ``<|endoftext|>``), when it
+    is a token of the vocabulary, is the start token: TransformerLens prepends it to every input by
+    default (``default_prepend_bos``), and so qkov's tests of the model do."""
     for key, unsupported, feature in _UNSUPPORTED:
         if unsupported(data.get(key, "gpt2" if key == "model_type" else None)):
             raise QkovError(f"{where}: {feature} is not supported ({key}={data.get(key)!r})")
     missing = [key for key in _REQUIRED if key not in data]
     if missing:
         raise QkovError(f"{where}: missing field(s) {', '.join(missing)}")
-    d_model, n_heads = data["n_embd"], data["n_head"]
+    d_model, n_heads, bos = data["n_embd"], data["n_head"], data.get("bos_token_id")
     if not isinstance(n_heads, int) or n_heads < 1 or not isinstance(d_model, int) or d_model % n_heads:
         raise QkovError(f"{where}: n_embd={d_model!r} is not a multiple of n_head={n_heads!r}")
     return Config(
@@ -62,6 +64,7 @@ def hf_config(data: dict[str, Any], where: str) -> Config:
         act_fn=ACTIVATIONS[data.get("activation_function", "gelu_new")],
         ln_eps=float(data.get("layer_norm_epsilon", 1e-5)),
         source="huggingface",
+        bos_token_id=bos if isinstance(bos, int) and 0 <= bos < data["vocab_size"] else None,
     )
 
 
@@ -155,7 +158,7 @@ def hf_to_qkov_tensors(tensors: dict[str, torch.Tensor], cfg: Config, tied: bool
 
 def from_hf(model_or_folder: Any, fold: bool = True, config: str | os.PathLike | None = None) -> Transformer:
     """A qkov model from a Hugging Face ``GPT2LMHeadModel``, a folder it saved (``model.safetensors``
-    or a pickled ``pytorch_model.bin``, read by :mod:`qkov.interop.pickled`; its ``tokenizer.json``
+    or a pickled ``pytorch_model.bin``, read by :mod:`qkov.pickles`; its ``tokenizer.json``
     carried over) or such a weights file, folded by default (:func:`qkov.interop.fold.fold`);
     ``config`` replaces the ``config.json`` beside the weights. Raises :class:`QkovError` with one
     line for what is missing, broken or unsupported. A folder needs no ``transformers`` installed."""

@@ -139,7 +139,8 @@ def read_mapping(mapping: Mapping | dict | str | os.PathLike) -> Mapping:
 def axis_sizes(cfg: Config, spec: TensorSpec) -> dict[str, int]:
     """The sizes of the axes ``spec``'s pattern names: the config's, then the spec's own."""
     known = {"n_heads": cfg.n_heads, "d_head": cfg.d_head, "d_model": cfg.d_model}
-    known |= {"d_vocab": cfg.d_vocab, "n_ctx": cfg.n_ctx} | ({"d_mlp": cfg.d_mlp} if cfg.has_mlp else {})
+    known |= {"d_vocab": cfg.d_vocab, "d_vocab_out": cfg.d_out, "n_ctx": cfg.n_ctx}
+    known |= {"d_mlp": cfg.d_mlp} if cfg.has_mlp else {}
     known |= dict(spec.sizes)
     named = set(re.findall(r"[A-Za-z_]\w*", spec.pattern or ""))
     return {axis: size for axis, size in known.items() if axis in named}
@@ -189,7 +190,7 @@ def from_weights(
     tolerance: float = TOLERANCE,
 ) -> Transformer:
     """A qkov model from weights in any layout: a state dict, or a file (``.safetensors``, or a
-    pickled ``.pt``/``.pth``/``.bin`` read by :mod:`qkov.interop.pickled`) or a folder holding one,
+    pickled ``.pt``/``.pth``/``.bin`` read by :mod:`qkov.pickles`) or a folder holding one,
     read through ``mapping`` (a file, or its parsed JSON; see the module docstring), folded by
     default (:func:`qkov.interop.fold.fold`).
 

@@ -2,7 +2,7 @@
 code): its JSON config and its weights, with one clear line for everything that can be wrong.
 
 Weights are a ``model.safetensors`` file or a pickled state dict (``.pt``, ``.pth``, ``.bin``), read
-only through ``torch.load(weights_only=True)`` (:mod:`qkov.interop.pickled`): tensors and plain
+only through ``torch.load(weights_only=True)`` (:mod:`qkov.pickles`): tensors and plain
 containers, never code. A source is a folder (its ``model.safetensors``, else its one pickle) or a
 weights file; its config is the ``config.json`` beside the weights unless another is given.
 """
@@ -20,9 +20,9 @@ import torch
 from qkov.checkpoint import all_finite, load_tokenizer, model_from_tensors, read_tensors
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.interop.pickled import PICKLE_SUFFIXES, read_pickled_tensors
 from qkov.io import read_json
 from qkov.model import Transformer
+from qkov.pickles import PICKLE_SUFFIXES, read_pickled_tensors
 
 WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 

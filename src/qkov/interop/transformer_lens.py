@@ -50,7 +50,7 @@ def to_transformer_lens(model: Transformer) -> dict[str, torch.Tensor]:
     for layer in range(cfg.n_layers):
         for bias, shape in zeros.items():
             state.setdefault(f"blocks.{layer}.{bias}", torch.zeros(shape, dtype=dtype))
-    state.setdefault("unembed.b_U", torch.zeros(cfg.d_vocab, dtype=dtype))
+    state.setdefault("unembed.b_U", torch.zeros(cfg.d_out, dtype=dtype))
     return state
 
 
@@ -72,6 +72,7 @@ def hooked_transformer_config(cfg: Config, dtype: torch.dtype, cache_head_result
         n_heads=cfg.n_heads,
         d_head=cfg.d_head,
         d_vocab=cfg.d_vocab,
+        d_vocab_out=cfg.d_out,
         n_ctx=cfg.n_ctx,
         attn_only=not cfg.has_mlp,
         d_mlp=cfg.d_mlp if cfg.has_mlp else None,
@@ -165,9 +166,7 @@ def transformer_lens_config(data: dict, where: str) -> Config:
         raise QkovError(
             f"{where}: activation {act_fn!r} is not supported (act_fn; one of {', '.join(ACT_FNS)})"
         )
-    if data.get("d_vocab_out", -1) not in (-1, data["d_vocab"]):
-        raise QkovError(f"{where}: an output vocabulary unlike the input's is not supported (d_vocab_out)")
-    scale = data.get("attn_scale")
+    scale, out = data.get("attn_scale"), data.get("d_vocab_out", -1)
     if scale is not None and not math.isclose(float(scale), math.sqrt(data["d_head"]), rel_tol=1e-9):
         raise QkovError(
             f"{where}: an attention scale other than sqrt(d_head) is not supported (attn_scale={scale})"
@@ -180,6 +179,7 @@ def transformer_lens_config(data: dict, where: str) -> Config:
         act_fn=act_fn,
         ln_eps=float(data.get("eps", 1e-5)),
         source="transformer_lens",
+        d_vocab_out=None if out in (-1, None, data["d_vocab"]) else out,
     )
 
 
@@ -193,7 +193,7 @@ def from_transformer_lens(
 ) -> Transformer:
     """A qkov model from a TransformerLens ``HookedTransformer``, or from a folder or weights file:
     ``model.safetensors`` or a pickled ``.pth``/``.pt`` state dict (read by
-    :mod:`qkov.interop.pickled`) beside a ``config.json`` from ``cfg.to_dict()`` (as
+    :mod:`qkov.pickles`) beside a ``config.json`` from ``cfg.to_dict()`` (as
     :func:`save_transformer_lens` writes) or in the legacy keys of Neel Nanda's models
     (:mod:`qkov.interop.tl_legacy`); ``config`` replaces the ``config.json`` beside the weights.
     Folded by default (:func:`qkov.interop.fold.fold`). Raises :class:`QkovError` with one line

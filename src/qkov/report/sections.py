@@ -432,7 +432,7 @@ def attention_section(r: Results) -> str:
     attention = r.attention_examples
     if attention is None:
         return ""
-    examples = [attention.repeated] + ([attention.corpus] if attention.corpus is not None else [])
+    examples = [e for e in (attention.repeated, attention.corpus, attention.user) if e is not None]
     return "<h3>Attention patterns</h3>" + "".join(_attention_figure(e, r.tokens) for e in examples)
 
 
@@ -607,6 +607,29 @@ def term_importance_section(r: Results) -> str:
     )
 
 
+def task_section(r: Results) -> str:
+    task = r.task
+    if task is None:
+        return ""
+    rows = [[a.head, a.mode, a.loss, a.loss_change, a.accuracy, a.accuracy_change] for a in task.ablations]
+    return (
+        "<h3>The model on its own task</h3>"
+        + f"<p>On {esc(task.data)}: loss {task.loss:.4f} nats, accuracy {task.accuracy:.4f}, mean "
+        f"probability of the target {task.mean_target_probability:.4f}, over the {task.positions} "
+        f"position(s) with a target in {task.sequences} sequence(s).</p>"
+        + table(["head", "ablation", "loss", "loss change", "accuracy", "accuracy change"], rows)
+        + "<p class='small'>Each head's write replaced by zero or by its mean over this data: a loss that "
+        "rises and an accuracy that falls say the task needs the head.</p>"
+    )
+
+
+def skipped_section(r: Results) -> str:
+    if not r.skipped:
+        return ""
+    rows = [[name, reason] for name, reason in r.skipped.items()]
+    return "<h3>Analyses that did not apply</h3>" + table(["analysis", "why"], rows)
+
+
 # Page order; keyed by the Results field each one shows ("heads" joins copying and repeated_tokens).
 SECTIONS: dict[str, Callable[[Results], str]] = {
     "training": training_section,
@@ -623,4 +646,6 @@ SECTIONS: dict[str, Callable[[Results], str]] = {
     "induction_check": induction_section,
     "ablation": ablation_section,
     "term_importance": term_importance_section,
+    "task": task_section,
+    "skipped": skipped_section,
 }

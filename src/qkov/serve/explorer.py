@@ -102,6 +102,8 @@ class Explorer:
             raise QkovError(f"text of {len(text)} characters is longer than the limit of {MAX_TEXT_CHARS}")
         if self.model.tokenizer is not None:
             ids = self.model.tokenizer.encode(text).ids
+            if self.cfg.bos_token_id is not None:  # as the model read text in training
+                ids = [self.cfg.bos_token_id, *ids]
         else:
             try:
                 ids = [int(part.removeprefix("#")) for part in text.split()]

@@ -11,7 +11,7 @@ import torch
 
 import qkov
 from qkov.cli import main
-from qkov.interop.pickled import read_pickled_tensors
+from qkov.pickles import read_pickled_tensors
 
 D_VOCAB, D_MODEL, N_CTX = 7, 4, 5
 

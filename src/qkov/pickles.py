@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,17 +52,23 @@ def refusal(file: Path, err: pickle.UnpicklingError) -> QkovError:
     return QkovError(f"{file}: not a readable PyTorch pickle ({reason.split('. ')[0]})")
 
 
-def read_pickled_tensors(file: Path) -> dict[str, Tensor]:
-    """The state dict (a dict of tensors) of a pickled file, on the CPU, with one line for a torch
-    that is too old, a payload that would run code, a corrupt file or anything but a state dict."""
+def read_pickle(file: Path) -> Any:
+    """What a pickled file holds (tensors, on the CPU, and plain containers only), with one line
+    for a torch that is too old, a payload that would run code or a corrupt file."""
     check_torch_for_pickles(file)
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise refusal(file, err) from None
     except (RuntimeError, EOFError, ValueError, OSError) as err:
         reason = str(err).splitlines()[0].split(". ")[0] if str(err) else type(err).__name__
         raise QkovError(f"{file}: not a readable PyTorch pickle ({reason})") from None
+
+
+def read_pickled_tensors(file: Path) -> dict[str, Tensor]:
+    """The state dict (a dict of tensors) of a pickled file, on the CPU, with one line for a torch
+    that is too old, a payload that would run code, a corrupt file or anything but a state dict."""
+    state = read_pickle(file)
     if not isinstance(state, dict):
         raise QkovError(f"{file}: holds a {type(state).__name__}, not a state dict (a dict of tensors)")
     for name, value in state.items():

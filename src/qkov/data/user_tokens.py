@@ -1,0 +1,190 @@
+"""A researcher's own data: token ids, and per-position targets, read from a file.
+
+A model trained on an algorithmic task of its own (a sequence that starts with a start token, a
+target that is not the next token, a classifier's label at the last position) is measured on that
+task only on its own data; repeated random tokens or text are off its training distribution.
+``qkov analyze --tokens FILE [--targets FILE]`` reads them here.
+
+Formats (by the file's suffix), each holding ``[batch, pos]`` integer ids (one 1-D row is one
+sequence):
+
+- ``.npy``: a NumPy array (``allow_pickle=False``: no object arrays);
+- ``.safetensors``: its one tensor, or its tensor named ``tokens`` (``targets`` for targets);
+- ``.pt`` / ``.pth``: a tensor, a list of rows, or a dict holding one of those (as the
+  safetensors file), read only through :func:`qkov.pickles.read_pickle`
+  (``torch.load(weights_only=True)``, which runs no code);
+- ``.jsonl``: one JSON list of ids per line (blank lines skipped).
+
+Targets have the tokens' shape; ``-100`` marks a position without a target (PyTorch's
+``ignore_index``). Without a targets file each position's target is the next token (the last
+position has none). Anything that does not fit the model is refused with one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from qkov.checkpoint import read_tensors
+from qkov.config import Config
+from qkov.errors import QkovError
+from qkov.pickles import read_pickle
+
+IGNORE = -100  # a position without a target (PyTorch's ignore_index)
+SUFFIXES = (".npy", ".safetensors", ".pt", ".pth", ".jsonl")
+
+
+@dataclass(frozen=True)
+class UserTokens:
+    """A user's sequences and their targets (``IGNORE`` where a position has none), both
+    ``[batch, pos]`` int64 on the CPU; ``description`` names the files, as the results say."""
+
+    tokens: Int[Tensor, "batch pos"]
+    targets: Int[Tensor, "batch pos"]
+    description: str
+
+    @property
+    def targeted(self) -> int:
+        """How many positions have a target."""
+        return int((self.targets != IGNORE).sum())
+
+
+def _rows(rows: list, file: Path) -> Tensor:
+    """A list of rows (lists of ids, or 1-D tensors) as one ``[batch, pos]`` tensor."""
+    if not rows:
+        raise QkovError(f"{file}: no tokens (no rows)")
+    lengths = {len(row) for row in rows}
+    if len(lengths) > 1:
+        raise QkovError(
+            f"{file}: ragged rows (lengths {min(lengths)} to {max(lengths)}); rows need one length"
+        )
+    try:
+        return torch.as_tensor(np.array([np.asarray(row) for row in rows]))
+    except (TypeError, ValueError) as err:
+        raise QkovError(f"{file}: rows of token ids expected ({str(err).splitlines()[0]})") from None
+
+
+def _jsonl(file: Path) -> Tensor:
+    rows = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise QkovError(f"{file}:{number}: not JSON ({err.msg})") from None
+        if not isinstance(row, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in row):
+            raise QkovError(f"{file}:{number}: expected a JSON list of integer token ids")
+        rows.append(row)
+    return _rows(rows, file)
+
+
+def _named(tensors: dict[str, Any], name: str, file: Path) -> Any:
+    """The one entry of a file's dict, or the one called ``name``."""
+    if len(tensors) == 1:
+        return next(iter(tensors.values()))
+    if name not in tensors:
+        raise QkovError(f"{file}: {len(tensors)} entries and none named {name!r} (give one, or name it so)")
+    return tensors[name]
+
+
+def _pickled(file: Path, name: str) -> Tensor:
+    held = read_pickle(file)
+    if isinstance(held, dict):
+        held = _named(held, name, file)
+    if isinstance(held, Tensor):
+        return held
+    if isinstance(held, list | tuple):
+        return _rows(list(held), file)
+    raise QkovError(f"{file}: holds a {type(held).__name__}, not a tensor or a list of rows of token ids")
+
+
+def read_ids(file: str | Path, name: str = "tokens") -> Int[Tensor, "batch pos"]:
+    """The integer ids of one file, ``[batch, pos]`` int64 (``name``: the tensor to take from a
+    safetensors or pickled dict of several), with one line for a file that is missing, of an
+    unknown kind, unreadable, not integer, or not one or two dimensional."""
+    file = Path(file)
+    if not file.is_file():
+        raise QkovError(f"{file}: no such file")
+    suffix = file.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise QkovError(f"{file}: unknown kind of file (expected one of {', '.join(SUFFIXES)})")
+    if suffix == ".npy":
+        try:
+            ids = torch.as_tensor(np.load(file, allow_pickle=False))
+        except (ValueError, OSError, TypeError) as err:
+            raise QkovError(f"{file}: not a readable .npy array ({str(err).splitlines()[0]})") from None
+    elif suffix == ".safetensors":
+        ids = _named(read_tensors(file)[0], name, file)
+    elif suffix == ".jsonl":
+        ids = _jsonl(file)
+    else:
+        ids = _pickled(file, name)
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise QkovError(f"{file}: token ids must be integers, got dtype {ids.dtype}")
+    if ids.ndim not in (1, 2):
+        raise QkovError(f"{file}: expected [batch, pos] token ids, got shape {tuple(ids.shape)}")
+    ids = ids.reshape(1, -1) if ids.ndim == 1 else ids
+    if not ids.numel():
+        raise QkovError(f"{file}: no tokens (shape {tuple(ids.shape)})")
+    return ids.long()
+
+
+def _check_range(ids: Tensor, high: int, what: str, file: Path, allowed: int | None = None) -> None:
+    """One line naming the first id of ``ids`` outside ``[0, high)`` (``allowed`` also passes)."""
+    bad = (ids < 0) | (ids >= high)
+    if allowed is not None:
+        bad &= ids != allowed
+    if bad.any():
+        row, pos = (int(i) for i in bad.nonzero()[0])
+        extra = f" or {allowed}" if allowed is not None else ""
+        raise QkovError(
+            f"{file}: {what} {int(ids[row, pos])} at row {row}, position {pos} is outside [0, {high}){extra}"
+        )
+
+
+def next_token_targets(tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+    """Each position's target is the next token; the last position has none (``IGNORE``)."""
+    targets = torch.full_like(tokens, IGNORE)
+    targets[:, :-1] = tokens[:, 1:]
+    return targets
+
+
+def read_user_tokens(tokens_file: str | Path, targets_file: str | Path | None, cfg: Config) -> UserTokens:
+    """A user's tokens (and targets, default: the next token) checked against the model ``cfg``:
+    ids in ``[0, d_vocab)``, rows of at most ``n_ctx``, targets of the tokens' shape in
+    ``[0, d_vocab_out)`` or ``-100``, at least one position with a target. A model whose outputs are
+    not tokens (``d_vocab_out``) needs its targets given."""
+    tokens_file = Path(tokens_file)
+    tokens = read_ids(tokens_file, "tokens")
+    _check_range(tokens, cfg.d_vocab, "token id", tokens_file)
+    if tokens.shape[1] > cfg.n_ctx:
+        raise QkovError(
+            f"{tokens_file}: rows of {tokens.shape[1]} tokens are longer than the context (n_ctx={cfg.n_ctx})"
+        )
+    shape = f"{tokens.shape[0]} x {tokens.shape[1]} tokens"
+    if targets_file is None:
+        if not cfg.outputs_tokens:
+            raise QkovError(
+                f"the model's {cfg.d_out} outputs are not tokens (d_vocab_out): give the targets (--targets)"
+            )
+        targets, said = next_token_targets(tokens), "the next token as targets"
+    else:
+        targets_file = Path(targets_file)
+        targets = read_ids(targets_file, "targets")
+        if targets.shape != tokens.shape:
+            raise QkovError(
+                f"{targets_file}: targets of shape {tuple(targets.shape)}, tokens of {tuple(tokens.shape)}"
+            )
+        _check_range(targets, cfg.d_out, "target", targets_file, allowed=IGNORE)
+        said = f"targets {targets_file.name}"
+    if not (targets != IGNORE).any():
+        raise QkovError(f"{targets_file or tokens_file}: no position has a target")
+    return UserTokens(tokens, targets, f"the user's tokens {tokens_file.name} ({shape}; {said})")
