@@ -36,6 +36,8 @@ import qkov
 from import_gpt2 import transformer_lens_import
 from qkov import analyze as A
 from qkov.circuits.ablation import MODES, ablation_flop
+from qkov.context import Context
+from qkov.data.tokenizer import token_strings
 from qkov.interop import import_checkpoint
 from qkov.report import render_report
 from qkov.results import Results, write_results
@@ -68,21 +70,20 @@ def end_to_end(checkpoint: Path, out: Path, threads: int) -> tuple[float, float]
     return wall, peak_kb / 2**20
 
 
-def stages(model: qkov.Transformer, out: Path) -> A.Context:
+def stages(model: qkov.Transformer, out: Path) -> Context:
     """Every step of ``analyze`` timed alone, then the writing; returns the context (its inputs)."""
     done: dict = {}
-    ctx = A.Context(
-        model, None, A.token_strings(model.tokenizer, model.cfg.d_vocab), 0, MappingProxyType(done)
-    )
+    ctx = Context.of(model, None, 0, MappingProxyType(done))
     total = 0.0
     with torch.no_grad():
         for step in A.STEPS:
-            if not step.applies(model.cfg.n_layers, False):
+            if step.skip_reason(model.cfg, has_corpus=False) is not None:
                 continue
             done[step.name], s, m = measure(lambda step=step: step.run(ctx))
             total += s
             print(f"  {step.name:24s} {s:8.2f} s {m / 2**20:8.0f} MiB", flush=True)
-    results = Results(config=model.cfg, tokens=ctx.strings, training=[], phase_change=None, **done)
+    strings = token_strings(model.tokenizer, model.cfg.d_vocab)
+    results = Results(config=model.cfg, tokens=strings, training=[], phase_change=None, **done)
 
     def write():
         out.mkdir(parents=True, exist_ok=True)
@@ -95,14 +96,14 @@ def stages(model: qkov.Transformer, out: Path) -> A.Context:
     return ctx
 
 
-def batches(ctx: A.Context) -> None:
+def batches(ctx: Context) -> None:
     cfg = ctx.model.cfg
     print(f"  head scores: {tuple(ctx.repeated.shape)} tokens, period {ctx.period}")
-    tokens, period = ctx.rerun_batch(partial(ablation_flop, cfg))
+    tokens, period, _ = ctx.rerun_batch(partial(ablation_flop, cfg))
     print(f"  ablations: {tuple(tokens.shape)} tokens, period {period}")
 
 
-def transformer_lens(ctx: A.Context, hf_folder: Path, hf_config) -> None:
+def transformer_lens(ctx: Context, hf_folder: Path, hf_config) -> None:
     """The same work in TransformerLens where it has it (see the module docstring)."""
     hooked, s, m = measure(lambda: transformer_lens_import(hf_folder, hf_config))
     print(f"  {'load + fold':40s} {s:8.2f} s {m / 2**20:8.0f} MiB")
@@ -111,7 +112,7 @@ def transformer_lens(ctx: A.Context, hf_folder: Path, hf_config) -> None:
         _, s, m = measure(lambda: hooked.run_with_cache(ctx.repeated))
         stage = f"head scores: run_with_cache {tuple(ctx.repeated.shape)}"
         print(f"  {stage:40s} {s:8.2f} s {m / 2**20:8.0f} MiB")
-        tokens, _ = ctx.rerun_batch(partial(ablation_flop, cfg))
+        tokens, _, _ = ctx.rerun_batch(partial(ablation_flop, cfg))
 
         def zero_head(z, hook):
             z[:, :, 0] = 0.0

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 import qkov
-from qkov.analyze import REPEAT_BATCH, REPEATS
 from qkov.checkpoint import model_from_tensors
 from qkov.circuits.ablation import run_ablated
 from qkov.circuits.composition import (
@@ -46,6 +45,7 @@ from qkov.circuits.heads import (
 )
 from qkov.circuits.paths import term_importance
 from qkov.circuits.qk_ov import full_ov_circuit, qk_term_rms
+from qkov.context import REPEAT_BATCH, REPEATS
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.interop import import_checkpoint
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import qkov
-from qkov import analyze as analyze_module
+from qkov import context
 from qkov.analyze import STEPS, analyze, run_steps
 from qkov.circuits import copying
 from qkov.cli import main
@@ -187,7 +187,7 @@ def test_no_step_makes_a_tensor_without_saying_where(monkeypatch, kind, cut):
     ``cut``: the budgets shrunk so that every batch is cut, a shorter period drawn and the direct
     copying measures sampled, so those paths are covered too."""
     if cut:
-        monkeypatch.setattr(analyze_module, "RERUN_FLOP_BUDGET", 2e5)
+        monkeypatch.setattr(context, "RERUN_FLOP_BUDGET", 2e5)
         monkeypatch.setattr(copying, "EXACT_FLOP_BUDGET", {"cpu": 1e4, "cuda": 1e4})
     gen = np.random.default_rng(0)
     if kind == "hand-built induction":

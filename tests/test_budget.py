@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import qkov
-from qkov import analyze
+from qkov import analyze, context
 from qkov.circuits import budget
 from qkov.circuits.ablation import ablation_flop
 from qkov.circuits.paths import term_importance_flop
@@ -44,16 +44,16 @@ def test_the_rule_gives_up_sequences_first_then_period():
 @pytest.mark.parametrize(
     "cost, limit",
     [
-        (partial(budget.cache_bytes, GPT2), analyze.REPEATED_CACHE_BYTES),
-        (partial(ablation_flop, GPT2), analyze.RERUN_FLOP_BUDGET),
-        (partial(term_importance_flop, GPT2), analyze.RERUN_FLOP_BUDGET),
+        (partial(budget.cache_bytes, GPT2), context.REPEATED_CACHE_BYTES),
+        (partial(ablation_flop, GPT2), context.RERUN_FLOP_BUDGET),
+        (partial(term_importance_flop, GPT2), context.RERUN_FLOP_BUDGET),
     ],
 )
 def test_gpt2_small_is_cut_within_each_budget_and_the_default_model_is_not(cost, limit):
-    sequences, period = budget.batch_shape((analyze.REPEAT_BATCH, 341), analyze.REPEATS, cost, limit)
-    length = analyze.REPEATS * period
+    sequences, period = budget.batch_shape((context.REPEAT_BATCH, 341), context.REPEATS, cost, limit)
+    length = context.REPEATS * period
     assert sequences * length * cost(length) <= limit
-    assert sequences < analyze.REPEAT_BATCH  # at n_ctx 1024 none of the three fits whole
+    assert sequences < context.REPEAT_BATCH  # at n_ctx 1024 none of the three fits whole
     default = partial(cost.func, DEFAULT_2_LAYER)
     assert budget.batch_shape((32, 42), 3, default, limit) == (32, 42)
 
@@ -69,12 +69,12 @@ def test_the_cache_estimate_covers_what_run_with_cache_keeps():
     assert kept <= tokens.numel() * budget.cache_bytes(cfg, 24)
 
 
-def context(model) -> analyze.Context:
-    return analyze.Context.of(model, None, 0, MappingProxyType({}))
+def context_of(model) -> context.Context:
+    return context.Context.of(model, None, 0, MappingProxyType({}))
 
 
 def test_a_default_sized_model_keeps_its_batch_for_every_step():
-    ctx = context(qkov.AttnOnlyTransformer(DEFAULT_2_LAYER))
+    ctx = context_of(qkov.AttnOnlyTransformer(DEFAULT_2_LAYER))
     assert tuple(ctx.repeated.shape) == (32, 126) and ctx.period == 42
     for cost in (ablation_flop, term_importance_flop):
         tokens, period, described = ctx.rerun_batch(partial(cost, DEFAULT_2_LAYER))
@@ -83,7 +83,7 @@ def test_a_default_sized_model_keeps_its_batch_for_every_step():
 
 def test_over_budget_steps_run_on_a_cut_batch_and_say_so(monkeypatch):
     model = random_model(qkov.Config(n_layers=2, n_heads=2, d_model=16, d_head=8, d_vocab=24, n_ctx=30))
-    monkeypatch.setattr(analyze, "RERUN_FLOP_BUDGET", 2e6)
+    monkeypatch.setattr(context, "RERUN_FLOP_BUDGET", 2e6)
     done = analyze.run_steps(model, ["term_importance", "ablation"])
     effects = done["ablation"]
     shape = budget.batch_shape((32, 10), 3, partial(ablation_flop, model.cfg), 2e6)

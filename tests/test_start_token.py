@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import qkov
-from qkov.analyze import REPEATS, Context, analyze
+from qkov.analyze import analyze
 from qkov.circuits.ablation import ablation_effects, run_ablated
 from qkov.circuits.repeated import repeated_token_behaviour
 from qkov.cli import main
+from qkov.context import REPEATS, Context
 from qkov.data.random_tokens import loss_per_repeat, repeated_random_tokens
 from qkov.data.tokens import TokenSplits
 

@@ -40,3 +40,10 @@ def end_of_text_id(tokenizer: Tokenizer) -> int:
     if token_id is None:
         raise QkovError(f"tokenizer has no {END_OF_TEXT} token")
     return token_id
+
+
+def token_strings(tokenizer: Tokenizer | None, d_vocab: int) -> list[str]:
+    """How each token reads: its decoded text, or ``#id`` without a tokenizer."""
+    if tokenizer is None:
+        return [f"#{i}" for i in range(d_vocab)]
+    return [tokenizer.decode([i]) for i in range(d_vocab)]

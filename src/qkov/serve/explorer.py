@@ -14,8 +14,8 @@ from typing import TypeVar
 
 import torch
 
-from qkov.analyze import token_strings
 from qkov.circuits.qk_ov import shared_full_ov_circuit, shared_full_qk_circuit
+from qkov.data.tokenizer import token_strings
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix
