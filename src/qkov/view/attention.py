@@ -64,8 +64,9 @@ def _token_ids(model: Transformer, tokens: str | Sequence[int] | Tensor) -> Tens
     return model.check_tokens(ids[None])[0]
 
 
-def _strings(tokenizer: Tokenizer | None, ids: list[int]) -> list[str]:
-    return [tokenizer.decode([i]) if tokenizer else f"#{i}" for i in ids]
+def _strings(tokenizer: Tokenizer | None, ids: list[int]) -> dict[int, str]:
+    """How each token id in ``ids`` reads (the report's figure looks strings up by id)."""
+    return {i: tokenizer.decode([i]) if tokenizer else f"#{i}" for i in ids}
 
 
 def attention(tokens, patterns=None, description: str = "the given tokens", batch_index: int = 0) -> View:
