@@ -6,6 +6,7 @@ TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: reproduce train test setup chromium
+.PHONY: docs
 
 $(BIN)/qkov: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +38,10 @@ chromium:
 test: setup chromium
 	$(BIN)/python -m pytest -m "slow or not slow"
 	$(BIN)/ruff check src tests benchmarks
+
+## The documentation site: every tutorial executed in a kernel, every warning an error; then a check
+## that no page loads anything from the network. Open docs/_build/html/index.html.
+docs: setup
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@! grep -rlE '<(script|link)[^>]+(src|href)="(https?:)?//' docs/_build/html --include=*.html \
+		|| { echo "error: a page above loads something from the network"; exit 1; }

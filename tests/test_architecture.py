@@ -7,7 +7,7 @@ The layers, lowest first (``qkov.x`` is ``x``; a package stands for all its modu
 0. foundations: errors, io, numbers, config, names, linalg, loss, machine, distributed, pickles,
    training_log
 1. the model, its files and the data it reads: model, checkpoint, data
-2. models in and out: interop
+2. models in and out: interop, and the hand-written models whose answers are known (handbuilt)
 3. the paper's ideas, one module each: circuits
 4. what runs them: train, training_run, recipes, results, context, analyze, claims
 5. what shows them: report, serve, view
@@ -28,7 +28,7 @@ LAYERS = (
     {"errors", "io", "numbers", "config", "names", "linalg", "loss", "machine", "distributed", "pickles"}
     | {"training_log"},
     {"model", "checkpoint", "data"},
-    {"interop"},
+    {"interop", "handbuilt"},
     {"circuits"},
     {"train", "training_run", "recipes", "results", "context", "analyze", "claims"},
     {"report", "serve", "view"},
@@ -65,8 +65,10 @@ def imports() -> dict[str, set[str]]:
                 for alias in node.names:
                     target = f"{node.module}.{alias.name}"[len("qkov.") :]
                     found.add(target if target in modules else node.module[len("qkov.") :] or "__init__")
-            elif isinstance(node, ast.Import):
-                found |= {a.name[len("qkov.") :] for a in node.names if a.name.startswith("qkov.")}
+            elif isinstance(node, ast.Import):  # ``import qkov`` is the package itself, the top layer
+                found |= {
+                    a.name[len("qkov.") :] or "__init__" for a in node.names if a.name.split(".")[0] == "qkov"
+                }
         graph[name] = {target for target in found if target and target != name}
     return graph
 

@@ -8,7 +8,7 @@ therefore the transpose of the paper's: the OV circuit ``W_V W_O`` here is the p
 circuit ``W_E W_V W_O W_U`` the paper's ``W_U W_OV W_E``. Each docstring gives both forms.
 """
 
-from qkov import interop
+from qkov import interop, view
 from qkov.checkpoint import load, save
 from qkov.circuits.composition import (
     composition_baseline,
@@ -96,5 +96,6 @@ __all__ = [
     "shared_full_ov_circuit",
     "shared_full_qk_circuit",
     "term_importance",
+    "view",
     "virtual_weights",
 ]

@@ -52,6 +52,23 @@ BIAS = "bias"  # the term of path_expansion holding everything that starts at a 
 MLP_PATHS = "mlp"  # path_expansion(by="order"): the sum of every path that starts at an MLP's write
 
 
+class PathTerms(dict):
+    """What :func:`path_expansion` returns: a plain ``dict`` of logit terms ``[batch, pos, d_vocab]``
+    keyed by path (``()``, ``("L0H3",)``, ...), by order (``0, 1, ...``) or ``"bias"`` / ``"mlp"``,
+    whose values sum to the logits. A ``dict`` subclass only so that notebooks can show it
+    (:mod:`qkov.view`)."""
+
+    @staticmethod
+    def label(key: Path | int | str) -> str:
+        """How a term is named where a person reads it: ``direct``, ``L0H3``, ``L0H3 → L1H4``,
+        ``order 1``, ``bias``."""
+        if key == ():
+            return "direct"
+        if isinstance(key, tuple):
+            return " → ".join(key)
+        return f"order {key}" if isinstance(key, int) else str(key)
+
+
 def mlp_name(layer: int) -> str:
     """The MLP of a layer as a path's first component: ``L0MLP``."""
     return f"L{layer}MLP"
@@ -153,8 +170,9 @@ def path_expansion(
     tokens: Int[Tensor, "batch pos"],
     by: str = "path",
     patterns: Patterns | None = None,
-) -> dict[Path | int | str, Float[Tensor, "batch pos d_vocab"]]:
-    """The logits split exactly into one term per path (see the module docstring).
+) -> PathTerms:
+    """The logits split exactly into one term per path (see the module docstring), as a
+    :class:`PathTerms` (a ``dict`` of ``Float[Tensor, "batch pos d_vocab"]``).
 
     ``by="path"`` keys each term by its path (``()``, ``("L0H3",)``, ``("L0H3", "L1H4")``, ...;
     with MLPs also ``("L0MLP",)``, ``("L0MLP", "L1H4")``, ...); ``by="order"`` sums the paths from
@@ -184,9 +202,11 @@ def path_expansion(
             for path, stream in streams.items():
                 key = MLP_PATHS if path and path[0].endswith("MLP") else len(path)
                 orders[key] = orders.get(key, 0) + stream
-            terms: dict = {key: _unembed_linear(model, frozen, stream) for key, stream in orders.items()}
+            terms = PathTerms({key: _unembed_linear(model, frozen, stream) for key, stream in orders.items()})
         else:
-            terms = {path: _unembed_linear(model, frozen, stream) for path, stream in streams.items()}
+            terms = PathTerms(
+                {path: _unembed_linear(model, frozen, stream) for path, stream in streams.items()}
+            )
         if _has_constants(model):
             terms[BIAS] = _bias_part(model, frozen, streams[()].shape)
     return terms

@@ -27,8 +27,11 @@ code, .tok { font-family: ui-monospace, monospace; white-space: pre; }
 button.head { margin: 2px; } button.head.active { background: #1f77b4; color: white; }
 """
 
+# The viewer initialises the viewers inside ``root``: the whole page here, one output's own element
+# in a notebook (qkov.view), so that two outputs never initialise each other's.
 VIEWER_JS = """
-document.querySelectorAll('.attention-viewer').forEach(function (viewer) {
+function qkovViewers(root) {
+root.querySelectorAll('.attention-viewer').forEach(function (viewer) {
   var data = JSON.parse(viewer.querySelector('script[type="application/json"]').textContent);
   var heads = Object.keys(data.patterns);
   var current = heads[0];
@@ -63,6 +66,7 @@ document.querySelectorAll('.attention-viewer').forEach(function (viewer) {
   }
   paint(-1);
 });
+}
 """
 
 
@@ -90,5 +94,5 @@ def render_report(
         + (claims_section(claims) if claims else "")
         + phase_change_section(models)
         + "".join(model_section(name, r) for name, r in models.items())
-        + f"<script>{VIEWER_JS}</script></body></html>"
+        + f"<script>{VIEWER_JS}qkovViewers(document);</script></body></html>"
     )

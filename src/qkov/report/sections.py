@@ -409,14 +409,15 @@ def copying_comparison_section(r: Results) -> str:
     )
 
 
-def _attention_figure(example: AttentionExample, strings: list[str]) -> str:
+def attention_figure(example: AttentionExample, strings: list[str]) -> str:
     data = {"strings": [shown(strings[t]) for t in example.tokens], "patterns": example.patterns}
     viewer = (
         f"<div class='attention-viewer'><script type='application/json'>{json_for_script(data)}</script>"
         "<div class='heads'></div><div class='status small'></div><div class='tokens'></div></div>"
     )
+    cell = max(3, 144 // len(example.tokens))  # 3 pixels a token at the report's 48; larger when short
     static = "".join(
-        f"<div><div class='small'>{esc(name)}</div>{attention_grid(name, pattern)}</div>"
+        f"<div><div class='small'>{esc(name)}</div>{attention_grid(name, pattern, cell)}</div>"
         for name, pattern in example.patterns.items()
     )
     return figure(
@@ -433,7 +434,7 @@ def attention_section(r: Results) -> str:
     if attention is None:
         return ""
     examples = [e for e in (attention.repeated, attention.corpus, attention.user) if e is not None]
-    return "<h3>Attention patterns</h3>" + "".join(_attention_figure(e, r.tokens) for e in examples)
+    return "<h3>Attention patterns</h3>" + "".join(attention_figure(e, r.tokens) for e in examples)
 
 
 def position_content_section(r: Results) -> str:
