@@ -6,14 +6,12 @@ the other version is installed; and TransformerLens folders read with no Transfo
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import warnings
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 import qkov
 from qkov.cli import main
@@ -26,6 +24,7 @@ from qkov.interop import (
 from qkov.interop.transformer_bridge import installed_transformer_lens
 
 from conftest import random_model
+from tl_folder import transformer_lens_folder
 
 TL_MAJOR = int(installed_transformer_lens().split(".")[0]) if installed_transformer_lens() else None
 tl4 = pytest.mark.skipif(TL_MAJOR != 4, reason="needs TransformerLens 4.x (the .venv-tl4 run)")
@@ -49,21 +48,6 @@ def log_probs(logits):
 
 
 # --- folders need no TransformerLens --------------------------------------------------------------
-
-
-def transformer_lens_folder(folder, model):
-    """A TransformerLens folder as `save_transformer_lens` writes one, written without TransformerLens:
-    the HookedTransformer state dict and the cfg.to_dict() keys qkov reads."""
-    cfg = model.cfg
-    folder.mkdir()
-    save_file(to_transformer_lens(model), str(folder / "model.safetensors"))
-    config = {
-        "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_head": cfg.d_head,
-        "d_vocab": cfg.d_vocab, "n_ctx": cfg.n_ctx, "attn_only": not cfg.has_mlp,
-        "d_mlp": cfg.d_mlp or None, "act_fn": cfg.act_fn, "eps": cfg.ln_eps,
-        "normalization_type": cfg.normalization, "positional_embedding_type": cfg.positional_embedding,
-    }  # fmt: skip
-    (folder / "config.json").write_text(json.dumps(config))
 
 
 BLOCKED = "import sys; sys.modules['transformer_lens'] = None; from qkov.cli import main; main(sys.argv[1:])"
