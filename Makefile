@@ -2,11 +2,12 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# a second environment with TransformerLens 4.x (.venv has 3.x, the tests' oracle)
+TL4 := .venv-tl4/bin
 TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: reproduce train test setup chromium
-.PHONY: docs
+.PHONY: reproduce train test setup chromium test-tl4 docs
 
 $(BIN)/qkov: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,7 @@ chromium:
 ## and headless-browser tests included), then the linter.
 test: setup chromium
 	$(BIN)/python -m pytest -m "slow or not slow"
+	$(MAKE) test-tl4
 	$(BIN)/ruff check src tests benchmarks
 
 ## The documentation site: every tutorial executed in a kernel, every warning an error; then a check
@@ -45,3 +47,13 @@ docs: setup
 	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 	@! grep -rlE '<(script|link)[^>]+(src|href)="(https?:)?//' docs/_build/html --include=*.html \
 		|| { echo "error: a page above loads something from the network"; exit 1; }
+
+$(TL4)/qkov: pyproject.toml
+	$(PYTHON) -m venv .venv-tl4
+	$(TL4)/pip install -q "$(TORCH)"
+	$(TL4)/pip install -q -e . "transformer-lens>=4,<5" "pytest>=8" "hypothesis>=6.100"
+	touch $(TL4)/qkov
+
+## The TransformerLens 4 tests (TransformerBridge both ways) in .venv-tl4.
+test-tl4: $(TL4)/qkov
+	$(TL4)/python -m pytest tests/test_transformer_lens4.py -m "slow or not slow"

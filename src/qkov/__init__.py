@@ -8,6 +8,8 @@ therefore the transpose of the paper's: the OV circuit ``W_V W_O`` here is the p
 circuit ``W_E W_V W_O W_U`` the paper's ``W_U W_OV W_E``. Each docstring gives both forms.
 """
 
+from importlib.metadata import version as _version
+
 from qkov import interop, view
 from qkov.checkpoint import load, save
 from qkov.circuits.composition import (
@@ -51,6 +53,9 @@ from qkov.interop import from_hf, from_transformer_lens, from_weights
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix, TopK
 from qkov.model import AttnOnlyTransformer, Transformer
 from qkov.results import Reproduction, Results, load_results
+
+# the one version string: pyproject.toml's, as installed (qkov --version prints it)
+__version__ = _version("qkov")
 
 __all__ = [
     "AttnOnlyTransformer",

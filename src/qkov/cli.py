@@ -358,7 +358,10 @@ def serve_command(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from qkov import __version__
+
     parser = argparse.ArgumentParser(prog="qkov", description="Transformer circuits, read off the weights.")
+    parser.add_argument("--version", action="version", version=f"qkov {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
     add_analyze_parser(sub)

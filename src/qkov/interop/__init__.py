@@ -1,5 +1,6 @@
 """Models in and out of qkov: Hugging Face GPT-2 (:mod:`qkov.interop.hf`), TransformerLens
-(:mod:`qkov.interop.transformer_lens`, legacy configs in :mod:`qkov.interop.tl_legacy`), weights in
+(:mod:`qkov.interop.transformer_lens`: 3.x's ``HookedTransformer``, 4.x's ``TransformerBridge`` in
+:mod:`qkov.interop.transformer_bridge`, legacy configs in :mod:`qkov.interop.tl_legacy`), weights in
 any other layout by a key mapping (:mod:`qkov.interop.mapping`), pickled state dicts read safely
 (:mod:`qkov.pickles`) and LayerNorm folding (:mod:`qkov.interop.fold`).
 
@@ -27,6 +28,7 @@ from qkov.interop.transformer_lens import (
     from_transformer_lens,
     save_transformer_lens,
     to_hooked_transformer,
+    to_transformer_bridge,
     to_transformer_lens,
 )
 from qkov.model import Transformer
@@ -43,6 +45,7 @@ __all__ = [
     "log_prob_difference",
     "save_transformer_lens",
     "to_hooked_transformer",
+    "to_transformer_bridge",
     "to_transformer_lens",
 ]
 

@@ -2,7 +2,12 @@
 
 A TransformerLens model on disk, as qkov reads it, is a folder with ``model.safetensors`` (its
 ``state_dict()``) and ``config.json`` (the JSON-serialisable fields of ``cfg.to_dict()``):
-:func:`save_transformer_lens` writes one.
+:func:`save_transformer_lens` writes one. Reading one needs no TransformerLens installed.
+
+TransformerLens 3.x models are ``HookedTransformer`` objects (:func:`to_hooked_transformer`);
+TransformerLens 4.0 removed that class, and its models are ``TransformerBridge`` objects
+(:func:`to_transformer_bridge`, :mod:`qkov.interop.transformer_bridge`). Each way out refuses in
+one line when the other version is installed; the ways in take either.
 """
 
 from __future__ import annotations
@@ -21,6 +26,12 @@ from qkov.config import ACT_FNS, Config
 from qkov.errors import QkovError
 from qkov.interop.source import check_finite, model_from_source, read_source
 from qkov.interop.tl_legacy import is_legacy, legacy_config_dict
+from qkov.interop.transformer_bridge import (
+    boot_bridge,
+    bridge_state,
+    is_transformer_bridge,
+    require_transformer_lens,
+)
 from qkov.io import atomic_write, atomic_write_text
 from qkov.model import Transformer
 
@@ -54,18 +65,29 @@ def to_transformer_lens(model: Transformer) -> dict[str, torch.Tensor]:
     return state
 
 
-def _import_transformer_lens():
-    try:
-        import transformer_lens as tl
-    except ImportError:
-        raise QkovError("TransformerLens is not installed: pip install transformer-lens") from None
+def hooked_state(model: Transformer) -> dict[str, torch.Tensor]:
+    """:func:`to_transformer_lens` for a model with positions: TransformerLens has no ``"none"``
+    positional scheme, so such a model gets standard positions with ``W_pos = 0``, the same model."""
+    state = to_transformer_lens(model)
+    cfg = model.cfg
+    if cfg.positional_embedding == "none":
+        state["pos_embed.W_pos"] = torch.zeros(cfg.n_ctx, cfg.d_model, dtype=model.W_E.dtype)
+    return state
+
+
+def _import_transformer_lens(what: str):
+    """TransformerLens 3.x, the last with ``HookedTransformer``, or one line saying so."""
+    require_transformer_lens(3, what, "use qkov.interop.to_transformer_bridge")
+    import transformer_lens as tl
+
     return tl
 
 
 def hooked_transformer_config(cfg: Config, dtype: torch.dtype, cache_head_results: bool = True):
     """The ``HookedTransformerConfig`` of the same model. TransformerLens has no ``"none"``
-    positional scheme: it gets standard positions with ``W_pos = 0``, the same model."""
-    tl = _import_transformer_lens()
+    positional scheme: it gets standard positions with ``W_pos = 0``, the same model.
+    TransformerLens 3.x only (4.0 removed it)."""
+    tl = _import_transformer_lens("hooked_transformer_config")
     return tl.HookedTransformerConfig(
         n_layers=cfg.n_layers,
         d_model=cfg.d_model,
@@ -89,28 +111,53 @@ def hooked_transformer_config(cfg: Config, dtype: torch.dtype, cache_head_result
 
 
 def to_hooked_transformer(model: Transformer, cache_head_results: bool = True):
-    """The same model as a TransformerLens ``HookedTransformer`` (TransformerLens must be
-    installed: ``pip install transformer-lens``), in the model's dtype; ``cache_head_results``
-    sets its ``use_attn_result`` (per-head writes in the cache, at some cost in speed)."""
-    tl = _import_transformer_lens()
-    cfg = model.cfg
+    """The same model as a TransformerLens 3.x ``HookedTransformer`` (with TransformerLens 4,
+    which removed it, use :func:`to_transformer_bridge`), in the model's dtype;
+    ``cache_head_results`` sets its ``use_attn_result`` (per-head writes in the cache, at some
+    cost in speed)."""
+    tl = _import_transformer_lens("to_hooked_transformer")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # TransformerLens 3 warns on construction
-        hooked = tl.HookedTransformer(hooked_transformer_config(cfg, model.W_E.dtype, cache_head_results))
-    state = to_transformer_lens(model)
-    if cfg.positional_embedding == "none":
-        state["pos_embed.W_pos"] = torch.zeros(cfg.n_ctx, cfg.d_model, dtype=model.W_E.dtype)
-    hooked.load_state_dict(state, strict=False)
+        config = hooked_transformer_config(model.cfg, model.W_E.dtype, cache_head_results)
+        hooked = tl.HookedTransformer(config)
+    hooked.load_state_dict(hooked_state(model), strict=False)
     return hooked
 
 
+def to_transformer_bridge(model: Transformer):
+    """The same model as a TransformerLens 4 ``TransformerBridge``, in the model's dtype:
+    ``TransformerBridge.boot_native`` of the same configuration, holding the model's weights
+    through TransformerLens' ``convert_tl_checkpoint`` (:mod:`qkov.interop.transformer_bridge`).
+    A shortformer model is refused (the native bridge has no such positions); with TransformerLens
+    3.x, use :func:`to_hooked_transformer`."""
+    require_transformer_lens(4, "to_transformer_bridge", "use qkov.interop.to_hooked_transformer")
+    return boot_bridge(model.cfg, hooked_state(model))
+
+
+def _config_and_weights(hooked: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor], str]:
+    """A ``HookedTransformer``'s or a ``TransformerBridge``'s ``cfg.to_dict()``, its weights in
+    TransformerLens' names and shapes, and what to call it in errors."""
+    if is_transformer_bridge(hooked):
+        return (*bridge_state(hooked), "TransformerBridge")
+    try:
+        config, state = dict(hooked.cfg.to_dict()), dict(hooked.state_dict())
+    except AttributeError:
+        raise QkovError(
+            f"expected a TransformerLens HookedTransformer or TransformerBridge, or a folder, "
+            f"got {type(hooked).__name__}"
+        ) from None
+    return config, state, "HookedTransformer"
+
+
 def save_transformer_lens(hooked: Any, folder: str | os.PathLike) -> Path:
-    """Write a ``HookedTransformer`` as a folder qkov imports: ``model.safetensors`` (its state dict)
-    and ``config.json`` (the JSON-serialisable fields of its config)."""
+    """Write a ``HookedTransformer`` (TransformerLens 3.x) or a ``TransformerBridge`` (4.x) as a
+    folder qkov imports: ``model.safetensors`` (the weights in ``HookedTransformer.state_dict()``'s
+    names and shapes) and ``config.json`` (the JSON-serialisable fields of its config)."""
     folder = Path(folder)
-    tensors = {name: t.detach().contiguous().cpu() for name, t in hooked.state_dict().items()}
+    cfg_data, weights, _ = _config_and_weights(hooked)
+    tensors = {name: t.detach().contiguous().cpu() for name, t in weights.items()}
     config = {}
-    for key, value in hooked.cfg.to_dict().items():
+    for key, value in cfg_data.items():
         try:
             json.dumps(value)
         except (TypeError, ValueError):
@@ -167,6 +214,8 @@ def transformer_lens_config(data: dict, where: str) -> Config:
             f"{where}: activation {act_fn!r} is not supported (act_fn; one of {', '.join(ACT_FNS)})"
         )
     scale, out = data.get("attn_scale"), data.get("d_vocab_out", -1)
+    if scale is not None and scale <= 0:
+        scale = None  # TransformerLens 4's mark for the default, sqrt(d_head)
     if scale is not None and not math.isclose(float(scale), math.sqrt(data["d_head"]), rel_tol=1e-9):
         raise QkovError(
             f"{where}: an attention scale other than sqrt(d_head) is not supported (attn_scale={scale})"
@@ -191,7 +240,9 @@ def transformer_lens_tensors(weights: dict[str, torch.Tensor]) -> dict[str, torc
 def from_transformer_lens(
     hooked_or_folder: Any, fold: bool = True, config: str | os.PathLike | None = None
 ) -> Transformer:
-    """A qkov model from a TransformerLens ``HookedTransformer``, or from a folder or weights file:
+    """A qkov model from a TransformerLens ``HookedTransformer`` (3.x) or ``TransformerBridge`` (3.x
+    or 4.x, whose config qkov can run: learned or no positions, LayerNorm or none, no rotary, RMSNorm
+    or grouped-query attention), or from a folder or weights file:
     ``model.safetensors`` or a pickled ``.pth``/``.pt`` state dict (read by
     :mod:`qkov.pickles`) beside a ``config.json`` from ``cfg.to_dict()`` (as
     :func:`save_transformer_lens` writes) or in the legacy keys of Neel Nanda's models
@@ -203,9 +254,9 @@ def from_transformer_lens(
         cfg = transformer_lens_config(source.config, str(source.config_file))
         tensors, where, tokenizer = source.tensors, str(source.weights), source.tokenizer_folder
     else:
-        cfg_data = dict(hooked_or_folder.cfg.to_dict())
-        cfg = transformer_lens_config(cfg_data, "HookedTransformer config")
-        tensors, where, tokenizer = dict(hooked_or_folder.state_dict()), "HookedTransformer", None
+        cfg_data, tensors, where = _config_and_weights(hooked_or_folder)
+        cfg = transformer_lens_config(cfg_data, f"{where} config")
+        tokenizer = None
     weights = {name: t for name, t in tensors.items() if not name.endswith(_BUFFERS)}
     check_finite(weights, where)
     return model_from_source(cfg, transformer_lens_tensors(weights), where, tokenizer, fold)
