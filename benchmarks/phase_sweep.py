@@ -1,6 +1,6 @@
 """The induction phase change across seeds, schedules and recipe changes: many training runs side by
-side, each writing its ``metrics.jsonl``, for the phase-change experiment (issue 13) and the choice
-of the main job's defaults (issue 16). Not a test: its figures are in the README.
+side, each writing its ``metrics.jsonl``, for the phase-change experiment and the choice
+of the main job's defaults. Not a test: its figures are in docs/experiments.md.
 
 Every run trains on the same token arrays (the embedded corpus' tokenizer and tokens, exported once
 with ``export`` so that another machine, e.g. a GPU one, trains on exactly these tokens), from the

@@ -3,7 +3,7 @@ per evaluation) the way "In-context Learning and Induction Heads" (Olsson et al.
 follow-up to the framework paper's section "Two-Layer Attention-Only Transformers") identifies it:
 by signatures that occur together in one window of training, and that a one-layer model lacks.
 
-The rule, fixed before any run was judged by it (issue 13), works in ``x = log10(tokens)``, the axis
+The rule, fixed before any run was judged by it, works in ``x = log10(tokens)``, the axis
 the papers plot; a signal is read at the logged evaluations and linearly interpolated in ``x``.
 
 - A signal's *change* over ``[a, b]`` is ``(s(b) - s(a)) / (s_final - s_first)``: the fraction of its
@@ -37,7 +37,7 @@ from qkov.training_log import TrainingPoint
 # The widest published phase-change window, in decades of training tokens, so that a phase change
 # as wide as a published one still counts: a public reanalysis of Neel Nanda's attention-only
 # checkpoints (about 22B tokens) shades it at about 3e8-1.5e9 tokens, log10(1.5e9 / 3e8) = 0.7
-# decades (the source cited by issue 13). Olsson et al. 2022's window is narrower: "between seeing
+# decades. Olsson et al. 2022's window is narrower: "between seeing
 # 2.5 and 5 billion tokens in one analyzed model", log10(5 / 2.5) = 0.3 decades (as a secondary
 # write-up of the paper quotes it; the stored copy of the paper's page did not reach that passage).
 MAX_WINDOW_DECADES = 0.7
@@ -50,7 +50,7 @@ RISE_START, RISE_END = 0.1, 0.9
 # trainer's log spacing (10 a decade; rounded to whole steps 0.08-0.12 apart from step 10), so every
 # log-spaced evaluation counts and an ``eval_every`` one that lands 0.001-0.003 decades from a
 # log-spaced one (steps 1995 and 2000) does not. Over such a pair the slope is the loss's noise over
-# 0.003 decades: with those pairs the bump test found a dip in all 15 issue-13 runs, without them 13.
+# 0.003 decades: with those pairs the bump test found a dip in all 15 runs of the phase-change sweep (docs/experiments.md), without them 13.
 MIN_SLOPE_SPACING = 0.04
 SIGNATURES = ("induction_score", "icl_score", "loss_bump")
 
