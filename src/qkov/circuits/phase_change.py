@@ -50,7 +50,8 @@ RISE_START, RISE_END = 0.1, 0.9
 # trainer's log spacing (10 a decade; rounded to whole steps 0.08-0.12 apart from step 10), so every
 # log-spaced evaluation counts and an ``eval_every`` one that lands 0.001-0.003 decades from a
 # log-spaced one (steps 1995 and 2000) does not. Over such a pair the slope is the loss's noise over
-# 0.003 decades: with those pairs the bump test found a dip in all 15 runs of the phase-change sweep (docs/experiments.md), without them 13.
+# 0.003 decades: with those pairs the bump test found a dip in all 15 runs of the phase-change sweep
+# (docs/experiments.md), without them 13.
 MIN_SLOPE_SPACING = 0.04
 SIGNATURES = ("induction_score", "icl_score", "loss_bump")
 
