@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from tokenizers import Tokenizer
 
 from qkov.analyze import token_strings
 from qkov.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load
@@ -176,7 +177,7 @@ class Series:
     checkpoints: list[Checkpoint]
     places: list[tuple[int, int]]
     cfg: Config
-    tokenizer: Any
+    tokenizer: Tokenizer | None
 
     def settings(self) -> dict[str, Any]:
         """What a continued series must agree with: the source, its files' paths and the labels."""
@@ -242,10 +243,11 @@ def claim_folder(out: Path, settings: dict[str, Any]) -> None:
     if file.is_file():
         saved = read_json(file)
         if saved != settings:
-            key = next((k for k in settings if saved.get(k) != settings[k]), "settings")
+            saved = saved if isinstance(saved, dict) else {}
+            key = next(k for k in [*settings, *saved] if saved.get(k) != settings.get(k))
             raise QkovError(
                 f"{out}: holds a series of other settings ({key}: {saved.get(key)!r}, now "
-                f"{settings[key]!r}); use another --out, or the same settings to continue it"
+                f"{settings.get(key)!r}); use another --out, or the same settings to continue it"
             )
         return
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
