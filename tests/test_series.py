@@ -262,6 +262,8 @@ def bad_series(tmp_path, kind):
     step_size = ["--tokens-per-step", "10"] if kind != "no-step-size" else []
     if kind == "empty":
         folder.mkdir()
+    elif kind == "one-checkpoint":
+        save(untrained(cfg), folder)
     elif kind == "mixed-shapes":
         for step, d_model in ((10, 8), (20, 12)):
             save(untrained(qkov.Config(1, 1, d_model, 4, 10, 6)), folder / f"step-{step}")
@@ -280,6 +282,7 @@ def bad_series(tmp_path, kind):
     ("kind", "message"),
     [
         ("empty", r"src: no checkpoints \(weights files"),
+        ("one-checkpoint", r"src: one checkpoint, not a folder of them \(qkov analyze reads"),
         ("unlabelled", r"model_final\.pth: no step or tokens at the end of its name"),
         ("mixed-kinds", "holds both weights files and checkpoint folders"),
         ("mixed-shapes", r"step-20: another model than step-10 \(mixed shapes or settings: d_model 8 vs 12"),

@@ -43,6 +43,7 @@ from qkov.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load
 from qkov.circuits.phase_change import SIGNATURES, PhaseChange, phase_change
 from qkov.config import Config
 from qkov.data.shards import corpus_tokens
+from qkov.data.sources import TEXT_FIELD
 from qkov.errors import QkovError
 from qkov.evaluation import EVAL_TOKENS, EvaluationInputs, evaluate, evaluation_inputs
 from qkov.interop.mapping import from_weights
@@ -84,6 +85,11 @@ def find_checkpoints(folder: Path) -> list[Checkpoint]:
     number or the same number as another."""
     if not folder.is_dir():
         raise QkovError(f"{folder}: no such folder of checkpoints")
+    if _is_candidate(folder):
+        raise QkovError(
+            f"{folder}: one checkpoint, not a folder of them (qkov analyze reads its phase change off "
+            "its metrics.jsonl)"
+        )
     found = sorted(p for p in folder.iterdir() if _is_candidate(p))
     if not found:
         raise QkovError(
@@ -270,7 +276,7 @@ class SeriesRun:
     tokens_per_step: int | None = None
     control: SeriesSource | None = None
     corpus: list[str] | None = None
-    text_field: str = "text"
+    text_field: str = TEXT_FIELD
     seed: int | None = None
     eval_tokens: int | None = None
     device: str = "cpu"
@@ -313,6 +319,7 @@ def run_series(run: SeriesRun, show_progress: bool = True) -> SeriesResults:
     """Check every checkpoint, then measure each not measured yet, and judge the phase change (see
     the module docstring). Nothing is written before every checkpoint has been read."""
     show = Console(stderr=True).print if show_progress else (lambda *a: None)
+    device = compute_device(run.device)
     main = _opened(run.source, run, show)
     control = _opened(run.control, run, show) if run.control is not None else None
     if control is not None and control.cfg.n_layers != 1:
@@ -334,23 +341,22 @@ def run_series(run: SeriesRun, show_progress: bool = True) -> SeriesResults:
     }
     settings |= {"series": main.settings(), "control": None if control is None else control.settings()}
     claim_folder(run.out, settings)
-    rows = _measure_all(run, opened, inputs, show_progress)
+    rows = _measure_all(run.out, opened, inputs, device, show_progress)
     control_rows = rows[1] if control is not None else None
     change = judged(rows[0], control_rows)
     return SeriesResults(main, rows[0], control, control_rows, change, run.held_out())
 
 
 def _measure_all(
-    run: SeriesRun, opened: list[Series], inputs: list[EvaluationInputs], show_progress: bool
+    out: Path, opened: list[Series], inputs: list[EvaluationInputs], device: torch.device, show_progress: bool
 ) -> list[list[TrainingPoint]]:
     """The rows of each series (``series.jsonl``, then ``control.jsonl``), under one progress bar."""
-    device = compute_device(run.device)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), disable=not show_progress) as progress:
         task = progress.add_task("measuring checkpoints", total=sum(len(s.checkpoints) for s in opened))
         files = (SERIES_FILE, CONTROL_FILE)[: len(opened)]
         return [
-            measure(series, series_inputs, run.out / file, device, lambda: progress.advance(task))
+            measure(series, series_inputs, out / file, device, lambda: progress.advance(task))
             for series, series_inputs, file in zip(opened, inputs, files, strict=True)
         ]
 
