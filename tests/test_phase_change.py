@@ -116,6 +116,20 @@ def test_the_narrowest_window_and_the_loss_slope_by_hand():
     assert [v for _, v in slope] == pytest.approx([-1.6 / 3, -1.0 / 3])
 
 
+def test_a_log_without_training_losses_reads_the_bump_off_its_held_out_loss():
+    """A checkpoint series logs held-out losses only: the bump is read off them, the same numbers."""
+    logged = two_layer()
+    held_out = [
+        TrainingPoint(**{**vars(row), "train_loss": None, "eval_loss": row.train_loss}) for row in logged
+    ]
+    change, from_eval = phase_change(logged), phase_change(held_out)
+    assert change.slope_of == "train_loss" and from_eval.slope_of == "eval_loss"
+    assert from_eval.loss_slope == change.loss_slope and len(change.loss_slope) > 50
+    assert from_eval.signatures == change.signatures == ["induction_score", "icl_score", "loss_bump"]
+    both = [TrainingPoint(**{**vars(row), "eval_loss": 9.0}) for row in logged]  # the training loss rules
+    assert phase_change(both).loss_slope == change.loss_slope
+
+
 def test_an_old_log_without_the_icl_fields_loads_without_that_signature(tmp_path):
     rows = [
         {"step": i, "tokens": row.tokens, "train_loss": row.train_loss, "eval_loss": 5.0,

@@ -28,6 +28,7 @@ def test_the_python_tour_runs_as_written(tmp_path):
     namespace: dict = {}
     exec(code.replace('"runs/reproduce/2-layer"', repr(str(folder))), namespace)
     assert namespace["results"].repeated_tokens.induction_heads == ["L1H0"]  # the hand-built one
-    assert isinstance(namespace["copying"], qkov.Copying) and "<" in namespace["qkov"].view.attention(
-        namespace["model"], "cat sat on the mat"
-    )._repr_html_()
+    assert (
+        isinstance(namespace["copying"], qkov.Copying)
+        and "<" in namespace["qkov"].view.attention(namespace["model"], "cat sat on the mat")._repr_html_()
+    )

@@ -19,10 +19,13 @@ DATA = Path(__file__).parent / "data"
 
 
 def version_2_layout(new: dict) -> dict:
-    """Today's results in the layout of schema version 2, the reference's: the copying score copied
+    """Today's results in the layout of schema version 2, the reference's: no phase change's
+    ``slope_of``, the copying score copied
     into every OV spectrum and beside each comparison, the direct measures beside each copying head,
     and the token strings beside every skip-trigram token."""
     old = json.loads(json.dumps(new)) | {"schema_version": 2}
+    if old["phase_change"]:
+        del old["phase_change"]["slope_of"]  # which loss the bump was read off: new in version 3
     strings = new["tokens"]
     if new["copying"]:
         scores = [h["copying_score"] for h in new["copying"]["heads"]]

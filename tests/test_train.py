@@ -18,7 +18,8 @@ import qkov
 from qkov.data.shards import sampled_tokenizer, sharded_tokens
 from qkov.data.sources import CorpusFiles
 from qkov.data.tokens import TokenSplits
-from qkov.train import STATE_FILE, NextTokenLoss, TrainConfig, Trainer, icl_positions, log_spaced_steps
+from qkov.evaluation import icl_positions
+from qkov.train import STATE_FILE, NextTokenLoss, TrainConfig, Trainer, log_spaced_steps
 from qkov.training_log import read_training_log
 
 from conftest import random_model
@@ -99,18 +100,18 @@ def test_metrics_follow_their_definitions(tiny_corpus, tmp_path):
     trainer = tiny_run(tiny_corpus, tmp_path / "run", steps=20)
     trainer.run(show_progress=False)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    windows = trainer.eval_windows
+    windows = trainer.eval_inputs.windows
     with torch.no_grad():
         logits = trainer.model(windows[:, :-1])
         per_position = torch.nn.functional.cross_entropy(
             logits.transpose(1, 2), windows[:, 1:], reduction="none"
         ).mean(0)
-        tokens = trainer.repeat_tokens
+        tokens = trainer.eval_inputs.repeated
         losses = torch.nn.functional.cross_entropy(
             trainer.model(tokens)[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none"
         ).mean(0)
     np.testing.assert_allclose(row["loss_by_position"], per_position.numpy(), atol=1e-4)
-    period = trainer.repeat_period  # 16: tokens 1..15 of the first copy, 17..31 of the second
+    period = trainer.eval_inputs.period  # 16: tokens 1..15 of the first copy, 17..31 of the second
     assert row["repeat_loss_first"] == pytest.approx(float(losses[0:15].mean()), abs=1e-4)
     assert row["repeat_loss_second"] == pytest.approx(float(losses[16:31].mean()), abs=1e-4)
     assert period == 16

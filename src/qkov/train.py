@@ -13,17 +13,11 @@ the same seed, threads and processes on a CPU the weights are the same bits run 
 
 At each evaluation rank 0 appends a row to ``metrics.jsonl`` (:mod:`qkov.training_log`), so the
 induction phase change ("In-context Learning and Induction Heads", Olsson et al. 2022) can be read
-off it:
-
-- ``step``, ``tokens``, ``train_loss`` (the mean over the steps since the last evaluation) and
-  ``eval_loss`` on held-out windows;
-- ``loss_by_position``: the held-out loss of the prediction made at each position ``i`` (having seen
-  tokens ``0 ... i``), and ``icl_score``, Olsson et al.'s in-context-learning score: the loss at a
-  late position minus the loss at an early one. Theirs is token 500 minus token 50 of a 1024-token
-  context; ours scales both by ``n_ctx / 1024`` (:func:`icl_positions`: 6 and 62 at ``n_ctx`` 128);
-- for models with attention layers, the loss on the first and second repeat of random tokens
-  (:func:`qkov.data.random_tokens.loss_per_repeat`, the definition ``analyze`` uses too) and the
-  strongest induction and previous-token scores.
+off it: ``step``, ``tokens``, ``train_loss`` (the mean over the steps since the last evaluation) and
+the fields :func:`qkov.evaluation.evaluate` measures (the held-out loss, by position, the
+in-context-learning score, the loss on repeated random tokens and the best head scores), on inputs
+drawn once per run (:func:`qkov.evaluation.evaluation_inputs`; a checkpoint series measures
+checkpoints by the same function).
 
 Evaluations are log-spaced, ``evals_per_decade`` per decade of steps from step
 ``FIRST_LOG_EVAL`` on, so a window of training can be placed on the papers' log-token axis to within
@@ -59,33 +53,20 @@ from qkov.checkpoint import (
     read_tensors,
     save,
 )
-from qkov.circuits.heads import induction_scores, previous_token_scores
 from qkov.config import Config
-from qkov.data.random_tokens import loss_per_repeat, repeated_random_tokens
 from qkov.data.shards import TokenShards
-from qkov.data.tokens import TokenSplits, sample_windows, window_starts, windows_at
+from qkov.data.tokens import TokenSplits, window_starts, windows_at
 from qkov.errors import QkovError
+from qkov.evaluation import EVAL_TOKENS, evaluate, evaluation_inputs
 from qkov.io import atomic_write, atomic_write_text
-from qkov.loss import token_losses
 from qkov.machine import compute_device
 from qkov.model import AttnOnlyTransformer, init_weights
 from qkov.training_log import TrainingPoint, append_training_point, truncate_training_log
 
 STATE_FILE = "training_state.safetensors"
 TRAIN_CONFIG_FILE = "train_config.json"
-REPEAT_SEQUENCES = 32  # repeated random sequences scored at each evaluation
 FIRST_LOG_EVAL = 10  # the first log-spaced evaluation step: the first few dozen steps are covered
-EVAL_CHUNK = 32  # held-out windows whose logits are alive at once during an evaluation
 SCHEDULES = ("cosine", "constant")
-# Olsson et al.'s in-context-learning score: "the loss of the 500th token in the context minus the
-# average loss of the 50th token", in a 1024-token context.
-ICL_EARLY, ICL_LATE, ICL_CONTEXT = 50, 500, 1024
-
-
-def icl_positions(n_ctx: int) -> tuple[int, int]:
-    """The early and late positions of the in-context-learning score for a context of ``n_ctx``:
-    Olsson et al.'s 50 and 500 of 1024, scaled (``(6, 62)`` at ``n_ctx`` 128)."""
-    return round(ICL_EARLY * n_ctx / ICL_CONTEXT), round(ICL_LATE * n_ctx / ICL_CONTEXT)
 
 
 def log_spaced_steps(last: int, per_decade: int) -> set[int]:
@@ -112,7 +93,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 100
     evals_per_decade: int = 10  # log-spaced evaluations (0: only every ``eval_every`` steps)
-    eval_tokens: int = 32768  # held-out tokens scored at each evaluation
+    eval_tokens: int = EVAL_TOKENS  # held-out tokens scored at each evaluation
     schedule: str = "cosine"  # after warm-up: cosine decay to min_lr_ratio * lr, or "constant"
     checkpoint_every: int = 500
     precision: str = "fp32"  # or "bf16": matmuls in bfloat16 under torch.autocast
@@ -249,17 +230,8 @@ class Trainer:
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=train_cfg.precision == "bf16"
         )
-        eval_gen = torch.Generator().manual_seed(train_cfg.seed + 7919)
-        eval_length = min(cfg.n_ctx + 1, len(data.eval))
-        n_eval = max(1, train_cfg.eval_tokens // eval_length)
-        self.eval_windows = sample_windows(data.eval, n_eval, eval_length, eval_gen).to(self.device)
-        self.repeat_period = cfg.n_ctx // 2
-        self.repeat_tokens = (
-            repeated_random_tokens(REPEAT_SEQUENCES, self.repeat_period, 2, cfg.d_vocab, eval_gen).to(
-                self.device
-            )
-            if cfg.n_layers >= 1 and self.repeat_period >= 2
-            else None
+        self.eval_inputs = evaluation_inputs(cfg, data.eval, train_cfg.eval_tokens, train_cfg.seed).to(
+            self.device
         )
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -312,32 +284,11 @@ class Trainer:
             truncate_training_log(self.out, self.step)
 
     # -- evaluation ------------------------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float | list[float]]:
         self.model.eval()
         with self.autocast:
-            metrics = self.held_out_metrics()
-            if self.repeat_tokens is not None:
-                tokens, period = self.repeat_tokens, self.repeat_period
-                logits, cache = self.model.run_with_cache(tokens)
-                losses = token_losses(logits[:, :-1], tokens[:, 1:])
-                metrics["repeat_loss_first"], metrics["repeat_loss_second"] = loss_per_repeat(losses, period)
-                metrics["induction_score"] = float(induction_scores(cache, period).max())
-                metrics["previous_token_score"] = float(previous_token_scores(cache).max())
+            metrics = evaluate(self.model, self.eval_inputs)
         self.model.train()
-        return metrics
-
-    def held_out_metrics(self) -> dict[str, float | list[float]]:
-        """``eval_loss``, ``loss_by_position`` and ``icl_score`` on the held-out windows."""
-        windows = self.eval_windows.split(EVAL_CHUNK)
-        by_position = torch.cat([token_losses(self.model(w[:, :-1]), w[:, 1:]) for w in windows]).mean(0)
-        metrics: dict[str, float | list[float]] = {
-            "eval_loss": float(by_position.mean()),
-            "loss_by_position": [round(float(x), 4) for x in by_position],
-        }
-        early, late = icl_positions(self.cfg.n_ctx)
-        if late < len(by_position) and early < late:
-            metrics["icl_score"] = float(by_position[late] - by_position[early])
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------

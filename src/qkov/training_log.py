@@ -1,6 +1,7 @@
 """The training log, ``metrics.jsonl``: one JSON row per evaluation during training, appended by the
 trainer (:mod:`qkov.train`) and read by the phase change (:mod:`qkov.circuits.phase_change`), the
-analyses and ``qkov info``. This module is the one owner of the file's name, of its rows' type
+analyses and ``qkov info``, and written in the same format by a checkpoint series
+(:mod:`qkov.series`, ``series.jsonl``). This module is the one owner of the file's name, of its rows' type
 (:class:`TrainingPoint`) and of how they are written and read.
 
 A row is written as one JSON object: floats rounded to 5 decimals (lists, such as
@@ -74,10 +75,15 @@ def _rows(file: Path) -> list[tuple[str, TrainingPoint]]:
     return lines
 
 
+def read_points(file: Path) -> list[TrainingPoint]:
+    """The rows of a file in this format (``metrics.jsonl``, a checkpoint series' log), or none
+    when there is no such file."""
+    return [row for _, row in _rows(file)] if file.is_file() else []
+
+
 def read_training_log(folder: str | os.PathLike) -> list[TrainingPoint]:
     """The rows of ``folder/metrics.jsonl``, or none when the folder has no log."""
-    file = Path(folder) / METRICS_FILE
-    return [row for _, row in _rows(file)] if file.is_file() else []
+    return read_points(Path(folder) / METRICS_FILE)
 
 
 def row_fields(point: TrainingPoint) -> dict[str, Any]:
@@ -93,6 +99,13 @@ def append_training_point(folder: str | os.PathLike, point: TrainingPoint) -> No
     _validated(f"training log row at step {point.step}", lambda: _ROWS.validate_python(vars(point)))
     with open(Path(folder) / METRICS_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps(row_fields(point)) + "\n")
+
+
+def write_points(file: Path, points: list[TrainingPoint]) -> None:
+    """Write ``points`` as the whole of ``file``, atomically (each validated first)."""
+    for point in points:
+        _validated(f"training log row at step {point.step}", lambda p=point: _ROWS.validate_python(vars(p)))
+    atomic_write_text(file, "".join(json.dumps(row_fields(point)) + "\n" for point in points))
 
 
 def truncate_training_log(folder: str | os.PathLike, step: int) -> None:

@@ -14,7 +14,9 @@ the papers plot; a signal is read at the logged evaluations and linearly interpo
 - Signatures inside the window: ``induction_score`` (the window is at most ``MAX_WINDOW_DECADES``
   wide), ``icl_score`` (the in-context-learning score makes at least ``MOST_OF_CHANGE`` of its change
   inside it) and ``loss_bump`` (the training loss's slope in log tokens is steeper somewhere inside
-  than at both ends: the bump in the loss curve).
+  than at both ends: the bump in the loss curve). A log without training losses (a checkpoint
+  series measures held-out losses only) is read by its held-out loss, ``eval_loss``: the same curve
+  for a run that sees each token once, as the papers' runs do.
 - The 1-layer control: the narrowest interval over which the 1-layer run's in-context-learning
   score makes ``MOST_OF_CHANGE`` of its change; it "shows no such window" when that interval is
   wider than ``MAX_WINDOW_DECADES`` (or the score never moves, or the log has none).
@@ -107,12 +109,17 @@ def spaced(x: np.ndarray, s: np.ndarray, spacing: float) -> tuple[np.ndarray, np
     return x[keep], s[keep]
 
 
+def slope_loss(log: list[TrainingPoint]) -> str:
+    """The loss whose slope shows the bump: ``train_loss``, or ``eval_loss`` when no row logged one."""
+    return "train_loss" if any(row.train_loss is not None for row in log) else "eval_loss"
+
+
 def loss_slope(log: list[TrainingPoint]) -> list[tuple[float, float]]:
-    """``(tokens, slope)``: the training loss's slope in log tokens, ``d train_loss / d log10(tokens)``,
-    between consecutive evaluations at least ``MIN_SLOPE_SPACING`` decades apart (:func:`spaced`), as
-    the 3-point running mean of those slopes; placed at the geometric middle of the evaluations of
-    the middle slope."""
-    x, loss = spaced(*signal(log, "train_loss"), MIN_SLOPE_SPACING)
+    """``(tokens, slope)``: the loss's slope in log tokens, ``d loss / d log10(tokens)`` of the
+    :func:`slope_loss`, between consecutive evaluations at least ``MIN_SLOPE_SPACING`` decades apart
+    (:func:`spaced`), as the 3-point running mean of those slopes; placed at the geometric middle
+    of the evaluations of the middle slope."""
+    x, loss = spaced(*signal(log, slope_loss(log)), MIN_SLOPE_SPACING)
     if len(x) < 4:  # three slopes for one running mean
         return []
     slopes, middles = np.diff(loss) / np.diff(x), (x[1:] + x[:-1]) / 2
@@ -159,11 +166,11 @@ class PhaseChange:
     """The phase change of a training run by the module's rule: the window (where the best induction
     score passed 10% and 90% of its rise; ``window_decades = log10(end / start)``), the
     ``signatures`` inside it (of ``induction_score``, ``icl_score``, ``loss_bump``), the fraction of
-    the in-context-learning score's change made inside it (``icl_change``), the training loss's slope
-    in log tokens (``loss_slope``, for the bump), and the 1-layer ``control`` (``None`` when no 1-layer
-    log was given: ``qkov analyze`` reads one checkpoint). ``holds`` needs all three signatures and a
-    control that shows no window: it is ``False`` when a signature is missing, and ``None``
-    (undecided) when all three are there but no control was given."""
+    the in-context-learning score's change made inside it (``icl_change``), the loss's slope in log
+    tokens (``loss_slope``, for the bump; of the field ``slope_of``), and the 1-layer ``control``
+    (``None`` when no 1-layer log was given: ``qkov analyze`` reads one checkpoint). ``holds``
+    needs all three signatures and a control that shows no window: it is ``False`` when a signature
+    is missing, and ``None`` (undecided) when all three are there but no control was given."""
 
     window_start_tokens: float
     window_end_tokens: float
@@ -177,6 +184,7 @@ class PhaseChange:
     icl_change: float | None
     loss_slope: list[tuple[float, float]]
     control: ControlWindow | None
+    slope_of: str = "train_loss"
 
 
 def _icl_change(
@@ -231,4 +239,5 @@ def phase_change(
         icl_change=icl_change,
         loss_slope=slope,
         control=control,
+        slope_of=slope_loss(two_layer_log),
     )

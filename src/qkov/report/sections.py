@@ -98,12 +98,13 @@ def _loss_figure(log: list[TrainingPoint], band: list) -> str:
 def _bump_figure(change: PhaseChange | None, band: list) -> str:
     if change is None or not change.loss_slope:
         return ""
-    slope = {"d train loss / d log10 tokens": change.loss_slope}
+    loss = "training" if change.slope_of == "train_loss" else "held-out"
+    slope = {f"d {loss} loss / d log10 tokens": change.loss_slope}
     chart = line_chart(slope, "tokens seen", "nats per decade", label="loss slope", log_x=True, bands=band)
     bump = "does" if "loss_bump" in change.signatures else "does not"
     return figure(
         chart,
-        "The training loss's slope per decade of tokens between evaluations at least "
+        f"The {loss} loss's slope per decade of tokens between evaluations at least "
         f"{MIN_SLOPE_SPACING} decades apart (3-point running mean). It {bump} dip inside the window below "
         "its values at both ends. " + _note(band),
         "the phase change is visible as a bump in the training loss.",
