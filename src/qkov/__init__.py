@@ -10,6 +10,7 @@ circuit ``W_E W_V W_O W_U`` the paper's ``W_U W_OV W_E``. Each docstring gives b
 
 from qkov import interop
 from qkov.checkpoint import load, save
+from qkov.circuits.attribution import ScoreParts, score_attribution, score_parts
 from qkov.circuits.composition import (
     composition_baseline,
     composition_scores,
@@ -26,6 +27,7 @@ from qkov.circuits.copying import (
     direct_copying,
     random_copying_scores,
 )
+from qkov.circuits.mechanisms import InductionMechanism, induction_mechanisms
 from qkov.circuits.paths import (
     TermImportance,
     frozen_patterns,
@@ -60,10 +62,12 @@ __all__ = [
     "DirectCopying",
     "FactoredMatrix",
     "HeadSpectrum",
+    "InductionMechanism",
     "QKTerms",
     "QkovError",
     "Reproduction",
     "Results",
+    "ScoreParts",
     "SharedFactoredMatrix",
     "TermImportance",
     "Transformer",
@@ -81,6 +85,7 @@ __all__ = [
     "full_ov_circuit",
     "full_qk_circuit",
     "head_spectra",
+    "induction_mechanisms",
     "interop",
     "k_composition_circuit",
     "k_composition_positivity",
@@ -93,6 +98,8 @@ __all__ = [
     "qk_terms",
     "random_copying_scores",
     "save",
+    "score_attribution",
+    "score_parts",
     "shared_full_ov_circuit",
     "shared_full_qk_circuit",
     "term_importance",

@@ -30,6 +30,7 @@ from qkov.circuits.budget import batch_shape, cache_bytes
 from qkov.circuits.composition import composition, induction_checks
 from qkov.circuits.copying import compare_copying, copying_analysis, default_direct_copying
 from qkov.circuits.heads import AttentionExamples, attention_example
+from qkov.circuits.mechanisms import induction_mechanism_flop, induction_mechanisms
 from qkov.circuits.paths import term_importance, term_importance_flop
 from qkov.circuits.phase_change import TrainingPoint, phase_change
 from qkov.circuits.qk_ov import qk_position_content
@@ -214,6 +215,13 @@ def ablation_step(ctx: Context):
     return ablation_effects(ctx.model, tokens, period)
 
 
+def induction_mechanism_step(ctx: Context):
+    heads = ctx.done["repeated_tokens"].induction_heads
+    cost = partial(induction_mechanism_flop, ctx.model.cfg, heads=len(heads))
+    tokens, period, described = ctx.rerun_batch(cost)
+    return induction_mechanisms(ctx.model, tokens, period, heads, described)
+
+
 STEPS: tuple[Step, ...] = (
     Step(
         "bigram", "Direct path as a bigram table", lambda ctx: compare_bigrams(ctx.model, ctx.counts),
@@ -242,6 +250,10 @@ STEPS: tuple[Step, ...] = (
     Step(
         "induction_check", "Induction mechanism (K-composition)",
         lambda ctx: induction_checks(ctx.circuit, ctx.done["copying"]), 2, reads=("copying",),
+    ),
+    Step(
+        "induction_mechanism", "Induction mechanism (score attribution)", induction_mechanism_step, 2,
+        reads=("repeated_tokens",),
     ),
     Step("ablation", "Ablations", ablation_step, 2, weight=2),
 )  # fmt: skip
