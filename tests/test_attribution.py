@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import qkov
-from qkov.circuits.attribution import induction_target_shares, score_parts, stream_parts
+from qkov.circuits.attribution import induction_target_shares, score_parts, stream_parts, variance_shares
 from qkov.circuits.paths import freeze
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.names import head_name, hook_name
@@ -141,3 +141,25 @@ def test_bad_input_is_one_clear_error():
         qkov.score_attribution(model, tokens_for(model), "L2H0")
     with pytest.raises(qkov.QkovError, match="period"):
         induction_target_shares(score_parts(model, tokens_for(model), "L1H0"), 10)
+
+
+def test_the_variance_shares_sum_to_one_and_ignore_row_constants():
+    model = float64_model(2, "standard", biases=True, normalization="LN")
+    terms = qkov.score_attribution(model, tokens_for(model), "L1H0")
+    shares = variance_shares(terms)
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
+    # a dense reference for one term, with loops over rows
+    pair = max(shares, key=lambda p: abs(shares[p]))
+    total = sum(terms.values())
+    num = den = 0.0
+    for b in range(total.shape[0]):
+        for dest in range(total.shape[1]):
+            t, s = terms[pair][b, dest, : dest + 1], total[b, dest, : dest + 1]
+            num += float(((t - t.mean()) * (s - s.mean())).sum())
+            den += float(((s - s.mean()) ** 2).sum())
+    assert shares[pair] == pytest.approx(num / den, rel=1e-10)
+    # a term that shifts whole rows gets nothing; the rest then carries everything
+    rows = torch.arange(5, dtype=torch.float64)[None, :, None].expand(2, 5, 5).tril()
+    varying = torch.randn(2, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).tril()
+    toy = variance_shares({("a", "b"): rows, ("c", "d"): varying})
+    assert toy[("a", "b")] == pytest.approx(0.0, abs=1e-12) and toy[("c", "d")] == pytest.approx(1.0)

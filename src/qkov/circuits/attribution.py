@@ -184,3 +184,25 @@ def induction_target_shares(parts: ScoreParts, period: int) -> TargetShares:
     margin = float(contributions.sum())
     shares = contributions / margin if margin != 0 else torch.full_like(contributions, float("nan"))
     return TargetShares(parts.head, parts.names, contributions, margin, shares)
+
+
+def variance_shares(
+    terms: dict[tuple[str, str], Float[Tensor, "batch dest src"]],
+) -> dict[tuple[str, str], float]:
+    """Each term's share of the variation of the scores that attention sees (a summary for a head on
+    any input, section "Summarizing OV/QK Matrices"): softmax ignores a constant added to a row, so
+    every term and the total ``S`` are centred over each row's ``src <= dest``, and a term ``T``'s
+    share is ``Σ T~ S~ / Σ S~^2`` (over the batch and every ``src <= dest``). Exact and signed: the
+    shares sum to 1; a term that only shifts whole rows has share 0."""
+    first = next(iter(terms.values()))
+    n = first.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=first.device).tril()
+    counts = torch.arange(1, n + 1, device=first.device, dtype=torch.float64)[:, None]
+
+    def centred(scores: Tensor) -> Tensor:
+        scores = scores.double().masked_fill(~causal, 0.0)
+        return (scores - scores.sum(-1, keepdim=True) / counts).masked_fill(~causal, 0.0)
+
+    total = centred(sum(terms.values()))
+    norm = float(total.square().sum())
+    return {pair: float((centred(term) * total).sum()) / norm for pair, term in terms.items()}
