@@ -30,10 +30,12 @@ import qkov
 from qkov.analyze import REPEAT_BATCH, REPEATS, Context, run_steps
 from qkov.circuits.attribution import variance_shares
 from qkov.circuits.composition import composition_scores
+from qkov.circuits.heads import pattern_offset_attention
 from qkov.circuits.mechanisms import InductionMechanism, induction_mechanism_flop, induction_mechanisms
 from qkov.circuits.repeated import repeated_token_behaviour
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.interop import import_checkpoint
+from qkov.names import hook_name, parse_head
 
 
 def gpt2_null(folder: Path, seed: int) -> qkov.Transformer:
@@ -101,8 +103,36 @@ def unique_char_terms(folder: str, seed: int) -> None:
             print(f"| L1H{head} | {name} | {score:+.3f} | {keys:+.2f} | {queries:+.2f} |")
 
 
+def unrepeated_offset_attention(model: qkov.Transformer, row: InductionMechanism, seed: int) -> float:
+    """The head's mean attention to ``dest - period + 1`` on random tokens that do *not* repeat: near 0
+    for a head that finds the target by content (K-composition, or a pointer looked up by content),
+    as high as on repeats for a head that attends at a fixed offset whatever the tokens."""
+    generator = torch.Generator().manual_seed(seed + 2)
+    tokens = torch.randint(1, model.cfg.d_vocab, (REPEAT_BATCH, REPEATS * row.period), generator=generator)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    layer, head = parse_head(row.head)
+    scores = pattern_offset_attention(cache[hook_name(layer, "pattern")], row.period - 1, row.period)
+    return float(scores[head])
+
+
 def share(value: float | None) -> str:
     return "—" if value is None else f"{value:+.2f}"
+
+
+def print_rows(name: str, model: qkov.Transformer, period: int | None, seed: int) -> None:
+    """The survey table's rows for one model."""
+    cfg = model.cfg
+    for score, above, row in rows_for(model, seed, period):
+        top, s = row.top_terms[0], row.shares
+        head = row.head + ("" if above else " (below threshold)")
+        offset = unrepeated_offset_attention(model, row, seed)
+        print(
+            f"| {name} | {cfg.positional_embedding} | {cfg.normalization} | {head} | {score:.2f} "
+            f"| {offset:.2f} | {row.mechanism} | {share(s['k_composition'])} | {share(s['pointer'])} "
+            f"| {share(s['other'])} | {row.margin:.2f} | {row.writer} "
+            f"| {top.query} × {top.key} {share(top.share)} | {row.tokens}, period {row.period} |"
+        )
 
 
 def main() -> None:
@@ -131,21 +161,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.gpt2_null:
             models.append(("GPT-2-style, random (null)", gpt2_null(Path(tmp), args.seed), None))
-        header = "| model | positions | LN | head | induction score | mechanism | K-comp | pointer | other "
-        print(header + "| margin | writer | largest term | tokens |")
-        print("|" + "---|" * 13)
+        header = "| model | positions | LN | head | induction score | no-repeat offset | mechanism | K-comp "
+        print(header + "| pointer | other | margin | writer | largest term | tokens |")
+        print("|" + "---|" * 14)
         for name, model, period in models:
-            cfg = model.cfg
-            for score, above, row in rows_for(model.eval(), args.seed, period):
-                top = row.top_terms[0]
-                head = row.head + ("" if above else " (below threshold)")
-                s = row.shares
-                print(
-                    f"| {name} | {cfg.positional_embedding} | {cfg.normalization} | {head} | {score:.2f} "
-                    f"| {row.mechanism} | {share(s['k_composition'])} | {share(s['pointer'])} "
-                    f"| {share(s['other'])} | {row.margin:.2f} | {row.writer} "
-                    f"| {top.query} × {top.key} {share(top.share)} | {row.tokens}, period {row.period} |"
-                )
+            print_rows(name, model.eval(), period, args.seed)
     if args.unique_char:
         unique_char_terms(args.unique_char, args.seed)
 
