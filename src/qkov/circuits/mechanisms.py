@@ -41,7 +41,7 @@ from torch import Tensor
 
 from qkov.circuits.attribution import EMBED, POS_EMBED, POSITION, induction_target_shares, score_parts
 from qkov.circuits.budget import forward_flop
-from qkov.circuits.paths import freeze
+from qkov.circuits.paths import Frozen, freeze
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.model import AttnOnlyTransformer
@@ -106,13 +106,6 @@ def classify(shares: dict[str, float], margin: float) -> str:
     return best if shares[best] >= MECHANISM_SHARE else "other"
 
 
-def induction_mechanism(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], period: int, head: str, described: str = ""
-) -> InductionMechanism:
-    """:class:`InductionMechanism` of ``head`` on ``tokens`` (repeating every ``period``)."""
-    return induction_mechanisms(model, tokens, period, [head], described)[0]
-
-
 def induction_mechanisms(
     model: AttnOnlyTransformer,
     tokens: Int[Tensor, "batch pos"],
@@ -128,7 +121,9 @@ def induction_mechanisms(
         return [_mechanism(model, tokens, period, head, frozen, described) for head in heads]
 
 
-def _mechanism(model, tokens, period, head, frozen, described) -> InductionMechanism:
+def _mechanism(
+    model: AttnOnlyTransformer, tokens: Tensor, period: int, head: str, frozen: Frozen, described: str
+) -> InductionMechanism:
     target = induction_target_shares(score_parts(model, tokens, head, frozen), period)
     names, shares = target.names, target.shares.cpu().tolist()
     grouped = dict.fromkeys(GROUPS, 0.0)
