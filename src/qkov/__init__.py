@@ -12,6 +12,7 @@ from importlib.metadata import version as _version
 
 from qkov import interop, view
 from qkov.checkpoint import load, save
+from qkov.circuits.attribution import ScoreParts, score_attribution, score_parts
 from qkov.circuits.composition import (
     composition_baseline,
     composition_scores,
@@ -28,6 +29,7 @@ from qkov.circuits.copying import (
     direct_copying,
     random_copying_scores,
 )
+from qkov.circuits.mechanisms import InductionMechanism, induction_mechanisms
 from qkov.circuits.paths import (
     TermImportance,
     frozen_patterns,
@@ -65,10 +67,12 @@ __all__ = [
     "DirectCopying",
     "FactoredMatrix",
     "HeadSpectrum",
+    "InductionMechanism",
     "QKTerms",
     "QkovError",
     "Reproduction",
     "Results",
+    "ScoreParts",
     "SharedFactoredMatrix",
     "TermImportance",
     "Transformer",
@@ -86,6 +90,7 @@ __all__ = [
     "full_ov_circuit",
     "full_qk_circuit",
     "head_spectra",
+    "induction_mechanisms",
     "interop",
     "k_composition_circuit",
     "k_composition_positivity",
@@ -98,6 +103,8 @@ __all__ = [
     "qk_terms",
     "random_copying_scores",
     "save",
+    "score_attribution",
+    "score_parts",
     "shared_full_ov_circuit",
     "shared_full_qk_circuit",
     "term_importance",

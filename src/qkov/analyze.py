@@ -27,6 +27,7 @@ from qkov.circuits.bigrams import compare_bigrams
 from qkov.circuits.composition import composition, induction_checks
 from qkov.circuits.copying import compare_copying, copying_analysis, default_direct_copying
 from qkov.circuits.heads import AttentionExamples, attention_example
+from qkov.circuits.mechanisms import induction_mechanism_flop, induction_mechanisms
 from qkov.circuits.paths import term_importance, term_importance_flop
 from qkov.circuits.phase_change import phase_change
 from qkov.circuits.qk_ov import qk_position_content
@@ -126,6 +127,13 @@ def ablation_step(ctx: Context):
     return ablation_effects(ctx.model, tokens, period, start=ctx.start)
 
 
+def induction_mechanism_step(ctx: Context):
+    heads = ctx.done["repeated_tokens"].induction_heads
+    cost = partial(induction_mechanism_flop, ctx.model.cfg, heads=len(heads))
+    tokens, period, described = ctx.rerun_batch(cost)
+    return induction_mechanisms(ctx.model, tokens, period, heads, described)
+
+
 STEPS: tuple[Step, ...] = (
     Step(
         "bigram", "Direct path as a bigram table", lambda ctx: compare_bigrams(ctx.model, ctx.counts),
@@ -160,6 +168,10 @@ STEPS: tuple[Step, ...] = (
         "induction_check", "Induction mechanism (K-composition)",
         lambda ctx: induction_checks(ctx.circuit, ctx.done["copying"]), 2, reads=("copying",),
         needs_square=True,
+    ),
+    Step(
+        "induction_mechanism", "Induction mechanism (score attribution)", induction_mechanism_step, 2,
+        reads=("repeated_tokens",), needs_square=True,
     ),
     Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
     Step("task", "The user's task (loss, accuracy, ablations)", task_step, weight=2, needs_user_data=True),
