@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
+from qkov.circuits.bug_cost import BugCost
 from qkov.circuits.qk_ov import full_ov_circuit, full_qk_circuit
 from qkov.errors import QkovError
 from qkov.linalg import FactoredMatrix
@@ -273,10 +274,12 @@ def skip_trigram_occurs(tokens: np.ndarray, source: int, destination: int, out: 
 @dataclass(frozen=True)
 class SkipTrigrams:
     """Every first-layer head's strongest skip-trigrams and the bugs they force, by head name (token
-    ids: ``Results.tokens`` reads them)."""
+    ids: ``Results.tokens`` reads them), and, with held-out text, what the bugs that never occur in
+    the corpus cost (:func:`qkov.circuits.bug_cost.bug_cost`; None otherwise)."""
 
     tables: dict[str, list[SkipTrigram]]
     bugs: dict[str, list[SkipTrigramBug]]
+    bug_cost: BugCost | None = None
 
 
 def skip_trigram_tables(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from qkov.circuits.bug_cost import BugCost
 from qkov.circuits.heads import AttentionExample
 from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange, TrainingPoint
 from qkov.circuits.skip_trigrams import SkipTrigram, SkipTrigramBug
@@ -486,6 +487,39 @@ def _bug_table(bugs: list[SkipTrigramBug], strings: list[str]) -> str:
     )
 
 
+def _share(share: float | None) -> str:
+    return "—" if share is None else f"{100 * share:.1f}%"
+
+
+def _bug_cost(cost: BugCost | None, strings: list[str]) -> str:
+    if cost is None:
+        return ""
+    heads = [
+        [name, f"{by:.5f}", f"{cost.head_gain[name]:.4f}", _share(cost.share_by_head[name])]
+        for name, by in cost.by_head.items()
+    ]
+    top = [
+        [
+            t.head,
+            tok(strings[t.source]),
+            tok(strings[t.destination]),
+            tok(strings[t.out]),
+            t.fires,
+            f"{t.nats_per_token:.6f}",
+        ]
+        for t in cost.top
+    ]
+    return (
+        "<h4>What the bugs cost</h4>"
+        f"<p>Removing the {cost.terms} bugged terms (crossed skip-trigrams never seen in the corpus, each "
+        "head's OV contribution to the crossed output where it fires, attention frozen) lowers the loss on "
+        f"{esc(cost.tokens)} by {cost.nats_per_token:.4f} nats per token: {_share(cost.share)} of the "
+        f"{cost.heads_gain:.4f} nats the heads gain over the direct path.</p>"
+        + table(["head", "bug cost (nats/token)", "head's gain over the direct path", "share"], heads)
+        + table(["head", "source …", "destination", "→ crossed out", "fires", "cost (nats/token)"], top)
+    )
+
+
 def skip_trigram_section(r: Results) -> str:
     trigrams = r.skip_trigrams
     if trigrams is None:
@@ -501,7 +535,7 @@ def skip_trigram_section(r: Results) -> str:
         'and because QK and OV factor through the source, strong pairs force crossed ones ("keep … in '
         'mind", "keep … at bay" → "keep … in bay").</p>'
     )
-    return "".join(parts)
+    return "".join(parts) + _bug_cost(trigrams.bug_cost, r.tokens)
 
 
 def composition_section(r: Results) -> str:
