@@ -57,6 +57,7 @@ from qkov.circuits.paths import term_importance, term_importance_flop
 from qkov.circuits.qk_ov import full_ov_circuit
 from qkov.config import Config
 from qkov.errors import QkovError
+from qkov.linalg import FactoredMatrix
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, hook_name, parse_head
 from qkov.numbers import finite
@@ -130,10 +131,9 @@ def bugged_triples(bugs: dict[str, list[SkipTrigramBug]]) -> dict[str, list[tupl
     return triples
 
 
-def centred_ov(model: AttnOnlyTransformer, head: int, source: int, out: int) -> float:
-    """``M[source, out] - mean_c M[source, c]`` for the head's full OV circuit ``M``, in float64."""
-    ov = full_ov_circuit(model)[0, head].to(torch.float64)
-    row = ov.A[source] @ ov.B
+def centred_ov(ov: FactoredMatrix, source: int, out: int) -> float:
+    """``M[source, out] - mean_c M[source, c]`` for one head's full OV circuit ``M``, in float64."""
+    row = ov.A[source].to(torch.float64) @ ov.B.to(torch.float64)
     return float(row[out] - row.mean())
 
 
@@ -191,10 +191,11 @@ def bug_cost(
     bugs: dict[str, list[SkipTrigramBug]],
     tokens: Int[Tensor, "batch pos"],
     described: str = "the given tokens",
+    top: int = TOP_BUGS,
 ) -> BugCost:
     """What the bugged terms of every head cost on held-out ``tokens`` (see the module docstring):
     ``bugs`` are :class:`SkipTrigrams`' ``bugs`` of this model, checked against its training corpus;
-    ``described`` names the tokens in the result."""
+    ``described`` names the tokens in the result, which keeps the ``top`` costliest terms."""
     cfg = model.cfg
     if cfg.n_layers != 1 or cfg.has_layer_norm:
         raise QkovError("the skip-trigram bug cost is defined for one-layer models without LayerNorm")
@@ -204,16 +205,19 @@ def bug_cost(
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens)
         pattern, losses = cache[hook_name(0, "pattern")], _losses(logits, tokens)
+        ov = full_ov_circuit(model)[0]
         terms, removals = [], {}
         for name, triples in bugged_triples(bugs).items():
             head = parse_head(name, cfg)[1]
             removals[name] = []
             for source, destination, out, strength in triples:
-                ov = centred_ov(model, head, source, out)
-                removal = _removal(pattern[:, head], tokens, (source, destination, out), ov)
+                entry = centred_ov(ov[head], source, out)
+                removal = _removal(pattern[:, head], tokens, (source, destination, out), entry)
                 removals[name].append(removal)
                 saving = losses.saving([removal])
-                terms.append(BugTerm(name, source, destination, out, strength, ov, len(removal.row), saving))
+                terms.append(
+                    BugTerm(name, source, destination, out, strength, entry, len(removal.row), saving)
+                )
         by_head = {name: losses.saving(found) for name, found in removals.items()}
         total = losses.saving([r for found in removals.values() for r in found])
     gains = term_importance(model, tokens, described)
@@ -226,7 +230,7 @@ def bug_cost(
         share=_share(total, gains.marginal[0]),
         share_by_head={name: _share(cost, head_gain[name]) for name, cost in by_head.items()},
         terms=len(terms),
-        top=sorted(terms, key=lambda t: -t.nats_per_token)[:TOP_BUGS],
+        top=sorted(terms, key=lambda t: -t.nats_per_token)[:top],
         tokens=described,
     )
 
