@@ -168,4 +168,4 @@ def test_the_skip_trigram_step_fills_the_bug_cost_with_a_corpus_and_the_report_s
         config=model.cfg, tokens=strings, training=[], phase_change=None, skip_trigrams=found
     )
     html = skip_trigram_section(results)
-    assert "What the bugs cost" in html and f"{found.bug_cost.nats_per_token:.4f}" in html
+    assert "What the bugs cost" in html and f"{found.bug_cost.nats_per_token:.3g} nats" in html

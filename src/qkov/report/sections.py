@@ -488,14 +488,14 @@ def _bug_table(bugs: list[SkipTrigramBug], strings: list[str]) -> str:
 
 
 def _share(share: float | None) -> str:
-    return "—" if share is None else f"{100 * share:.1f}%"
+    return "—" if share is None else f"{100 * share:.3g}%"
 
 
 def _bug_cost(cost: BugCost | None, strings: list[str]) -> str:
     if cost is None:
         return ""
     heads = [
-        [name, f"{by:.5f}", f"{cost.head_gain[name]:.4f}", _share(cost.share_by_head[name])]
+        [name, f"{by:.3g}", f"{cost.head_gain[name]:.4f}", _share(cost.share_by_head[name])]
         for name, by in cost.by_head.items()
     ]
     top = [
@@ -505,16 +505,17 @@ def _bug_cost(cost: BugCost | None, strings: list[str]) -> str:
             tok(strings[t.destination]),
             tok(strings[t.out]),
             t.fires,
-            f"{t.nats_per_token:.6f}",
+            f"{t.nats_per_token:.3g}",
         ]
         for t in cost.top
     ]
     return (
         "<h4>What the bugs cost</h4>"
-        f"<p>Removing the {cost.terms} bugged terms (crossed skip-trigrams never seen in the corpus, each "
-        "head's OV contribution to the crossed output where it fires, attention frozen) lowers the loss on "
-        f"{esc(cost.tokens)} by {cost.nats_per_token:.4f} nats per token: {_share(cost.share)} of the "
-        f"{cost.heads_gain:.4f} nats the heads gain over the direct path.</p>"
+        f"<p>The {cost.terms} bugged terms (crossed skip-trigrams never seen in the corpus: each head's OV "
+        "contribution to the crossed output where it fires, attention frozen) cost "
+        f"{cost.nats_per_token:.3g} nats per token on {esc(cost.tokens)} (the loss with them minus the "
+        f"loss without): {_share(cost.share)} of the {cost.heads_gain:.4f} nats the heads gain over the "
+        "direct path.</p>"
         + table(["head", "bug cost (nats/token)", "head's gain over the direct path", "share"], heads)
         + table(["head", "source …", "destination", "→ crossed out", "fires", "cost (nats/token)"], top)
     )
