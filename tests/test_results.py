@@ -25,7 +25,7 @@ ADDED_SINCE_2 = ("induction_mechanism",)
 def version_2_layout(new: dict) -> dict:
     """Today's results in the layout of schema version 2, the reference's: the copying score copied
     into every OV spectrum and beside each comparison, the direct measures beside each copying head,
-    and the token strings beside every skip-trigram token."""
+    and the token strings beside every skip-trigram token; without what came since (the bug cost)."""
     old = json.loads(json.dumps(new)) | {"schema_version": 2}
     strings = new["tokens"]
     if new["copying"]:
@@ -40,6 +40,7 @@ def version_2_layout(new: dict) -> dict:
         for row, score in zip(old["copying_comparison"], scores, strict=True):
             row |= {"copying_score": score} | {k: direct[row["name"]][k] for k in ("diagonal_z", "self_top1")}
     if new["skip_trigrams"]:
+        del old["skip_trigrams"]["bug_cost"]  # added since version 2 (an optional field)
         for rows in old["skip_trigrams"]["tables"].values():
             for t in rows:
                 t |= {f"{k}_str": strings[t[k]] for k in ("source", "destination", "out")}

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import qkov
 from qkov.analyze import analyze
-from qkov.data.corpus import read_corpus
-from qkov.data.tokens import cached_tokenizer, cached_tokens
-from qkov.reproduce import quick_recipe, train_depth
+from qkov.data.shards import corpus_tokens
+from qkov.reproduce import quick_recipe
+from qkov.training_run import TrainingRun, settings_of, train
 
-text = read_corpus(None)  # the default corpus
 recipe = quick_recipe(0)  # what `qkov reproduce --quick` trains: seconds, no phenomena promised
-tokenizer = cached_tokenizer(text, recipe.vocab_size)
-data = cached_tokens(text, tokenizer)
-model = train_depth(0, recipe, data, tokenizer, Path("../_build/models/0-layer"), 0, False, "cpu")
+run = TrainingRun(Path("../_build/models/0-layer"), 0, settings=settings_of(recipe), resume=True)
+model = train(run, show_progress=False)  # the default corpus: the standard library's source
+data = corpus_tokens(None, model.tokenizer)  # the tokens it trained on, from the cache
 model  # a model shows its settings and weights
 
 # %% [markdown]

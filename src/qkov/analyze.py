@@ -13,7 +13,7 @@ runs the steps that apply; the progress total is the sum of their weights. To ad
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from types import MappingProxyType
 from typing import Any
@@ -24,6 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from qkov.circuits.ablation import ablation_effects, ablation_flop
 from qkov.circuits.bigrams import compare_bigrams
+from qkov.circuits.bug_cost import bug_cost, bug_cost_flop
 from qkov.circuits.composition import composition, induction_checks
 from qkov.circuits.copying import compare_copying, copying_analysis, default_direct_copying
 from qkov.circuits.heads import AttentionExamples, attention_example
@@ -119,7 +120,11 @@ def task_step(ctx: Context):
 def skip_trigram_step(ctx: Context):
     allowed = None if ctx.corpus is None else torch.from_numpy(ctx.counts.unigram >= MIN_TOKEN_COUNT)
     corpus = None if ctx.corpus is None else ctx.corpus.train
-    return skip_trigram_tables(ctx.circuit, SKIP_TRIGRAMS_PER_HEAD, allowed, corpus)
+    found = skip_trigram_tables(ctx.circuit, SKIP_TRIGRAMS_PER_HEAD, allowed, corpus)
+    if ctx.text is None or ctx.circuit.cfg.has_layer_norm:  # the bug cost is defined without LayerNorm
+        return found
+    tokens, described = ctx.rerun_text(partial(bug_cost_flop, ctx.model.cfg))
+    return replace(found, bug_cost=bug_cost(ctx.circuit, found.bugs, tokens, described))
 
 
 def ablation_step(ctx: Context):

@@ -281,12 +281,51 @@ def skip_trigram_occurs(
 
 
 @dataclass(frozen=True)
+class BugTerm:
+    """One bugged term: head ``head``'s crossed skip-trigram ``source ... destination -> out``,
+    its ``strength`` in the bug table, the centred OV entry ``ov`` subtracted per unit of attention,
+    the number of held-out positions where it ``fires`` (the destination token, with the source
+    among the earlier tokens it attends to), and what removing it alone saves in ``nats_per_token``."""
+
+    head: str
+    source: int
+    destination: int
+    out: int
+    strength: float
+    ov: float
+    fires: int
+    nats_per_token: float
+
+
+@dataclass(frozen=True)
+class BugCost:
+    """What the bugged terms cost on ``tokens`` (see the module docstring), in nats per predicted
+    token: all of them (``nats_per_token``), each head's (``by_head``), and the ``top`` costliest
+    terms alone, costliest first. ``heads_gain`` is what the heads gain over the direct path (its
+    loss minus the model's), ``head_gain`` what each head alone adds to the direct path; ``share``
+    and ``share_by_head`` divide the costs by them (None where the gain is zero). ``terms``: the
+    number of bugged terms."""
+
+    nats_per_token: float
+    by_head: dict[str, float]
+    heads_gain: float
+    head_gain: dict[str, float]
+    share: float | None
+    share_by_head: dict[str, float | None]
+    terms: int
+    top: list[BugTerm]
+    tokens: str
+
+
+@dataclass(frozen=True)
 class SkipTrigrams:
     """Every first-layer head's strongest skip-trigrams and the bugs they force, by head name (token
-    ids: ``Results.tokens`` reads them)."""
+    ids: ``Results.tokens`` reads them), and, with held-out text, what the bugs that never occur in
+    the corpus cost (:func:`qkov.circuits.bug_cost.bug_cost`; None otherwise)."""
 
     tables: dict[str, list[SkipTrigram]]
     bugs: dict[str, list[SkipTrigramBug]]
+    bug_cost: BugCost | None = None
 
 
 def skip_trigram_tables(

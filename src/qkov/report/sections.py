@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from qkov.circuits.heads import AttentionExample
 from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange
-from qkov.circuits.skip_trigrams import SkipTrigram, SkipTrigramBug
+from qkov.circuits.skip_trigrams import BugCost, SkipTrigram, SkipTrigramBug
 from qkov.names import head_name, parse_head
 from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
 from qkov.report.svg import attention_grid, bars, esc, heatmap, line_chart, scatter, training_heatmap
@@ -489,6 +489,40 @@ def _bug_table(bugs: list[SkipTrigramBug], strings: list[str]) -> str:
     )
 
 
+def _share(share: float | None) -> str:
+    return "—" if share is None else f"{100 * share:.3g}%"
+
+
+def _bug_cost(cost: BugCost | None, strings: list[str]) -> str:
+    if cost is None:
+        return ""
+    heads = [
+        [name, f"{by:.3g}", f"{cost.head_gain[name]:.4f}", _share(cost.share_by_head[name])]
+        for name, by in cost.by_head.items()
+    ]
+    top = [
+        [
+            t.head,
+            tok(strings[t.source]),
+            tok(strings[t.destination]),
+            tok(strings[t.out]),
+            t.fires,
+            f"{t.nats_per_token:.3g}",
+        ]
+        for t in cost.top
+    ]
+    return (
+        "<h4>What the bugs cost</h4>"
+        f"<p>The {cost.terms} bugged terms (crossed skip-trigrams never seen in the corpus: each head's OV "
+        "contribution to the crossed output where it fires, attention frozen) cost "
+        f"{cost.nats_per_token:.3g} nats per token on {esc(cost.tokens)} (the loss with them minus the "
+        f"loss without): {_share(cost.share)} of the {cost.heads_gain:.4f} nats the heads gain over the "
+        "direct path.</p>"
+        + table(["head", "bug cost (nats/token)", "head's gain over the direct path", "share"], heads)
+        + table(["head", "source …", "destination", "→ crossed out", "fires", "cost (nats/token)"], top)
+    )
+
+
 def skip_trigram_section(r: Results) -> str:
     trigrams = r.skip_trigrams
     if trigrams is None:
@@ -504,7 +538,7 @@ def skip_trigram_section(r: Results) -> str:
         'and because QK and OV factor through the source, strong pairs force crossed ones ("keep … in '
         'mind", "keep … at bay" → "keep … in bay").</p>'
     )
-    return "".join(parts)
+    return "".join(parts) + _bug_cost(trigrams.bug_cost, r.tokens)
 
 
 def composition_section(r: Results) -> str:

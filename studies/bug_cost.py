@@ -1,0 +1,122 @@
+"""How much loss do skip-trigram bugs cost, and does it grow or shrink with capacity? (the paper's
+open question, section "One-Layer Attention-Only Transformers").
+
+For each one-layer checkpoint given (trained with ``qkov train --layers 1``), this runs the
+skip-trigram step exactly as ``qkov analyze --corpus stdlib`` does (its ``skip_trigrams.bug_cost``
+is the ``analyze`` column: 32 random held-out windows) and measures the same bugged terms on the
+whole held-out split, cut into consecutive windows of ``n_ctx`` tokens (``--windows`` caps their
+number), in chunks of 32 windows averaged: every figure is a sum over positions divided by their
+number, and the chunks are the same size, so the chunks' mean is the whole text's. It prints one
+row per model, with its training seed, and the machine.
+
+    python studies/bug_cost.py CKPT [CKPT ...] [--windows N] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import qkov
+from qkov.analyze import run_steps
+from qkov.circuits.bug_cost import bug_cost
+from qkov.data.corpus import read_corpus
+from qkov.data.tokens import cached_tokens
+from qkov.interop.fold import circuit_model
+
+CHUNK = 32  # windows per bug_cost call: its float64 logits stay near 0.1 GB at 2048 tokens
+
+
+def measured(path: Path, windows: int, seed: int) -> dict:
+    model = qkov.load(path).eval()
+    corpus = cached_tokens(read_corpus(None), model.tokenizer)
+    found = run_steps(model, ["skip_trigrams"], corpus, seed)["skip_trigrams"]
+    circuit, n_ctx = circuit_model(model), model.cfg.n_ctx
+    available = len(corpus.eval) // n_ctx
+    windows = min(windows or available, available) // CHUNK * CHUNK
+    text = torch.from_numpy(np.asarray(corpus.eval[: windows * n_ctx], dtype=np.int64)).view(windows, n_ctx)
+    every = found.bug_cost.terms  # keep every term's cost, to average each over the chunks
+    parts = [bug_cost(circuit, found.bugs, text[i : i + CHUNK], top=every) for i in range(0, windows, CHUNK)]
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    by_head = {h: mean([p.by_head[h] for p in parts]) for h in parts[0].by_head}
+    gain = {h: mean([p.head_gain[h] for p in parts]) for h in parts[0].head_gain}
+    terms: dict[tuple, list[float]] = defaultdict(list)
+    for part in parts:
+        for term in part.top:
+            terms[(term.head, term.source, term.destination, term.out)].append(term.nats_per_token)
+    train = json.loads((path / "train_config.json").read_text())
+    cfg = model.cfg
+    return {
+        "model": path.name,
+        "seed": train["seed"],
+        "heads x d_head": f"{cfg.n_heads} x {cfg.d_head}",
+        "vocab": cfg.d_vocab,
+        "tokens (M)": train["steps"] * train["batch_size"] * cfg.n_ctx / 1e6,
+        "held-out tokens": windows * n_ctx,
+        "terms": found.bug_cost.terms,
+        "analyze cost": found.bug_cost.nats_per_token,
+        "analyze share": found.bug_cost.share,
+        "cost": mean([p.nats_per_token for p in parts]),
+        "fires": sum(t.fires for p in parts for t in p.top),
+        "heads gain": mean([p.heads_gain for p in parts]),
+        "by_head": by_head,
+        "head_gain": gain,
+        "top": sorted(((key, mean(costs)) for key, costs in terms.items()), key=lambda kv: -kv[1])[:5],
+        "strings": [model.tokenizer.decode([i]) for i in range(cfg.d_vocab)],
+    }
+
+
+def machine() -> str:
+    cpu = Path("/proc/cpuinfo")
+    names = [
+        line.split(":", 1)[1].strip()
+        for line in cpu.read_text().splitlines()
+        if line.startswith("model name")
+    ]
+    return names[0] if names else platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoints", nargs="+", type=Path)
+    parser.add_argument("--windows", type=int, default=None, help="at most this many windows")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(f"machine: {machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    print(f"held-out text: the eval split in consecutive windows of n_ctx tokens; analyze seed {args.seed}\n")
+    rows = [measured(path, args.windows, args.seed) for path in args.checkpoints]
+    header = (
+        "| model | seed | heads x d_head | vocab | tokens (M) | bugged terms | analyze: cost (share) "
+        "| held-out tokens | positions fired "
+        "| cost (nats/token) | heads' gain | share | costliest head (cost, share of its gain) |"
+    )
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for r in rows:
+        worst = max(r["by_head"], key=r["by_head"].get)
+        share = r["cost"] / r["heads gain"]
+        head_share = r["by_head"][worst] / r["head_gain"][worst] if r["head_gain"][worst] else float("nan")
+        print(
+            f"| {r['model']} | {r['seed']} | {r['heads x d_head']} | {r['vocab']} | {r['tokens (M)']:.1f} "
+            f"| {r['terms']} | {r['analyze cost']:.2e} ({100 * (r['analyze share'] or 0):.1e}%) "
+            f"| {r['held-out tokens']:,} | {r['fires']} | {r['cost']:.2e} | {r['heads gain']:.3f} "
+            f"| {100 * share:.1e}% | {worst} ({r['by_head'][worst]:.2e}, {100 * head_share:.1e}%) |"
+        )
+    print("\ncostliest bugged terms, each removed alone (nats/token):")
+    for r in rows:
+        s = r["strings"]
+        listed = "; ".join(
+            f"{head} {s[a]!r} … {s[b]!r} → {s[c]!r} {cost:.2e}" for (head, a, b, c), cost in r["top"]
+        )
+        print(f"  {r['model']}: {listed}")
+
+
+if __name__ == "__main__":
+    main()
