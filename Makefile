@@ -56,4 +56,4 @@ $(TL4)/qkov: pyproject.toml
 
 ## The TransformerLens 4 tests (TransformerBridge both ways) in .venv-tl4.
 test-tl4: $(TL4)/qkov
-	$(TL4)/python -m pytest tests/test_transformer_lens4.py -m "slow or not slow"
+	$(TL4)/python -m pytest tests/test_transformer_bridge.py -m "slow or not slow"

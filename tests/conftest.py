@@ -94,6 +94,14 @@ def small_float64_models(draw):
 
 
 @pytest.fixture(scope="module")
+def induction():
+    """The hand-built induction model at 16 tokens and a context of 12, for the inline views."""
+    from handbuilt import induction_model
+
+    return induction_model(d_vocab=16, n_ctx=12)
+
+
+@pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The explorer of served.explorer_checkpoint, and the model it serves."""
     from fastapi.testclient import TestClient

@@ -1,17 +1,17 @@
-"""The batch rule of the behavioural analyses: the full repeated-token batch when it fits the
-budget, else fewer sequences, else a shorter period; the default models keep their whole batch and
-GPT-2 small's shapes are cut to a bounded one."""
+"""The batch rule of the behavioural analyses (``qkov.circuits.budget``): the full repeated-token
+batch when it fits the budget, else fewer sequences, else a shorter period; the default model fits
+every budget whole and GPT-2 small's shapes are cut to a bounded batch (the batches the steps then
+read are tests/test_context.py)."""
 
 from __future__ import annotations
 
 from functools import partial
-from types import MappingProxyType
 
 import pytest
 import torch
 
 import qkov
-from qkov import analyze, context
+from qkov import context
 from qkov.circuits import budget
 from qkov.circuits.ablation import ablation_flop
 from qkov.circuits.paths import term_importance_flop
@@ -67,26 +67,3 @@ def test_the_cache_estimate_covers_what_run_with_cache_keeps():
         logits, cache = model.run_with_cache(tokens)
     kept = sum(t.numel() * t.element_size() for t in [logits, *cache.values()])
     assert kept <= tokens.numel() * budget.cache_bytes(cfg, 24)
-
-
-def context_of(model) -> context.Context:
-    return context.Context.of(model, None, 0, MappingProxyType({}))
-
-
-def test_a_default_sized_model_keeps_its_batch_for_every_step():
-    ctx = context_of(qkov.AttnOnlyTransformer(DEFAULT_2_LAYER))
-    assert tuple(ctx.repeated.shape) == (32, 126) and ctx.period == 42
-    for cost in (ablation_flop, term_importance_flop):
-        tokens, period, described = ctx.rerun_batch(partial(cost, DEFAULT_2_LAYER))
-        assert torch.equal(tokens, ctx.repeated) and period == 42 and described == "repeated random tokens"
-
-
-def test_over_budget_steps_run_on_a_cut_batch_and_say_so(monkeypatch):
-    model = random_model(qkov.Config(n_layers=2, n_heads=2, d_model=16, d_head=8, d_vocab=24, n_ctx=30))
-    monkeypatch.setattr(context, "RERUN_FLOP_BUDGET", 2e6)
-    done = analyze.run_steps(model, ["term_importance", "ablation"])
-    effects = done["ablation"]
-    shape = budget.batch_shape((32, 10), 3, partial(ablation_flop, model.cfg), 2e6)
-    assert {(e.sequences, e.period) for e in effects} == {shape} and shape[0] < 32
-    described = done["term_importance"].tokens
-    assert described.startswith("repeated random tokens") and " x " in described

@@ -1,192 +1,20 @@
-"""Models in from Hugging Face and TransformerLens: the logits agree with the source library,
-folding agrees with TransformerLens tensor by tensor, and every bad folder gets one clear line."""
+"""``qkov import`` and :func:`qkov.interop.import_checkpoint` (the package's own code): Hugging Face
+and TransformerLens folders by command, loaded as ordinary checkpoints; folding's note on the
+command line; and every bad folder one clear line, exit status 2 and nothing written."""
 
 from __future__ import annotations
 
 import json
-import logging
-import warnings
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, models
 
 import qkov
 from qkov.cli import main
-from qkov.interop import fold, save_transformer_lens, to_hooked_transformer, to_transformer_lens
+from qkov.interop import folder_kind, save_transformer_lens
 
-transformers = pytest.importorskip("transformers")
-tl = pytest.importorskip("transformer_lens")
-transformers.logging.set_verbosity_error()
-logging.getLogger("transformer_lens").setLevel(logging.ERROR)
-
-FP32_TOLERANCE = 1e-4  # the issue's bound for float32 logits; measured: at most 3e-7 on these shapes
-FP64_TOLERANCE = 1e-10
-
-
-def hf_model(n_layers=2, n_heads=3, d_model=12, d_vocab=23, n_ctx=9, seed=0, **extra):
-    """A random GPT-2 built locally, with LayerNorm weights and biases drawn too (GPT-2 initialises
-    them to 1 and 0, which would make folding them trivial)."""
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(
-        n_layer=n_layers,
-        n_head=n_heads,
-        n_embd=d_model,
-        vocab_size=d_vocab,
-        n_positions=n_ctx,
-        bos_token_id=0,
-        eos_token_id=0,
-        **extra,
-    )
-    model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "ln_" in name:
-                param.copy_(torch.randn_like(param) * 0.3 + ("weight" in name))
-            elif name.endswith("bias"):
-                param.copy_(torch.randn_like(param) * 0.1)
-    return model
-
-
-def tl_model(attn_only: bool, n_ctx=9, d_vocab=23, seed=0, positions="standard", normalization="LN"):
-    """A random TransformerLens model with LayerNorm (attention-only or with MLPs), every weight
-    and bias drawn."""
-    cfg = tl.HookedTransformerConfig(
-        n_layers=2,
-        d_model=12,
-        n_heads=3,
-        d_head=4,
-        d_vocab=d_vocab,
-        n_ctx=n_ctx,
-        attn_only=attn_only,
-        d_mlp=None if attn_only else 20,
-        act_fn=None if attn_only else "gelu_new",
-        normalization_type=normalization,
-        positional_embedding_type=positions,
-        device="cpu",
-        seed=seed,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tl.HookedTransformer(cfg).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            shift = 1.0 if name.endswith(".w") else 0.0
-            param.copy_(torch.randn(param.shape, generator=gen) * 0.3 + shift)
-    return model
-
-
-TOKENS = torch.randint(0, 23, (3, 9), generator=torch.Generator().manual_seed(5))
-
-
-def centred(logits):
-    return logits - logits.mean(-1, keepdim=True)
-
-
-# --- logits agree with the source library ---------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("dtype", "tolerance"), [(torch.float32, FP32_TOLERANCE), (torch.float64, FP64_TOLERANCE)]
-)
-@pytest.mark.parametrize("act", ["gelu_new", "gelu", "relu"])
-def test_hf_logits_agree_unfolded_and_folded(dtype, tolerance, act):
-    hf = hf_model(activation_function=act).to(dtype)
-    theirs = hf(TOKENS).logits.detach()
-    model = qkov.from_hf(hf, fold=False)
-    assert model.cfg.normalization == "LN" and model.cfg.source == "huggingface" and model.W_E.dtype == dtype
-    torch.testing.assert_close(model(TOKENS), theirs, rtol=0, atol=tolerance)
-    folded = qkov.from_hf(hf)
-    assert folded.cfg.normalization == "LNPre"
-    ours = folded(TOKENS)
-    # folding keeps the log-probabilities, and the logits up to a constant per position
-    torch.testing.assert_close(ours.log_softmax(-1), theirs.log_softmax(-1), rtol=0, atol=tolerance)
-    torch.testing.assert_close(centred(ours), centred(theirs), rtol=0, atol=tolerance)
-    assert not torch.allclose(ours, theirs, atol=1e-3)  # centring the unembedding did shift them
-
-
-@pytest.mark.parametrize(
-    ("dtype", "tolerance"), [(torch.float32, FP32_TOLERANCE), (torch.float64, FP64_TOLERANCE)]
-)
-@pytest.mark.parametrize("attn_only", [True, False])
-def test_transformer_lens_logits_agree_unfolded_and_folded(dtype, tolerance, attn_only):
-    hooked = tl_model(attn_only).to(dtype)
-    theirs = hooked(TOKENS).detach()
-    model = qkov.from_transformer_lens(hooked, fold=False)
-    assert model.cfg.source == "transformer_lens" and model.cfg.has_mlp == (not attn_only)
-    torch.testing.assert_close(model(TOKENS), theirs, rtol=0, atol=tolerance)
-    ours = qkov.from_transformer_lens(hooked)(TOKENS)
-    torch.testing.assert_close(ours.log_softmax(-1), theirs.log_softmax(-1), rtol=0, atol=tolerance)
-    torch.testing.assert_close(centred(ours), centred(theirs), rtol=0, atol=tolerance)
-    # and back: qkov's model as a HookedTransformer gives the same logits
-    torch.testing.assert_close(to_hooked_transformer(model)(TOKENS), theirs, rtol=0, atol=tolerance)
-
-
-# --- folding is TransformerLens' -----------------------------------------------------------------
-
-
-def transformer_lens_folded(model: qkov.Transformer) -> dict[str, torch.Tensor]:
-    hooked = to_hooked_transformer(model)
-    state = {name: t.clone() for name, t in hooked.state_dict().items()}
-    hooked.load_and_process_state_dict(
-        state, fold_ln=True, center_writing_weights=True, center_unembed=True, fold_value_biases=True
-    )
-    return {name: t for name, t in hooked.state_dict().items() if not name.endswith(("mask", "IGNORE"))}
-
-
-@pytest.mark.parametrize("source", ["hf", "tl-attn-only", "tl-mlp", "tl-no-norm"])
-def test_folding_matches_transformer_lens_tensor_by_tensor(source):
-    """TransformerLens folds in float32 (it upcasts lower precisions and downcasts float64), so
-    the comparison is in float32; measured: bit-identical on these shapes."""
-    if source == "hf":
-        model = qkov.from_hf(hf_model(), fold=False)
-    else:
-        norm = "none" if source == "tl-no-norm" else "LN"
-        model = qkov.from_transformer_lens(
-            tl_model(source == "tl-attn-only", normalization=None if norm == "none" else norm), fold=False
-        )
-    ours = to_transformer_lens(fold(model).model)
-    theirs = transformer_lens_folded(model)
-    assert sorted(ours) == sorted(theirs)
-    for name, tensor in theirs.items():
-        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=1e-6, msg=name)
-
-
-def test_folding_leaves_the_model_and_its_dtype():
-    model = qkov.from_hf(hf_model().double(), fold=False)
-    before = {n: p.clone() for n, p in model.named_parameters()}
-    folded = fold(model)
-    assert folded.note is None and folded.model.W_E.dtype == torch.float64
-    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
-    assert not any(name.endswith((".w", ".b")) for name, _ in folded.model.named_parameters())
-
-
-def test_shortformer_layer_norm_is_kept_unfolded_and_said_so():
-    model = qkov.from_transformer_lens(tl_model(False, positions="shortformer"), fold=False)
-    folded = fold(model)
-    assert folded.model.cfg.normalization == "LN"
-    assert "shortformer" in folded.note and "\n" not in folded.note
-    # what was done (centring, value biases) is exact
-    torch.testing.assert_close(
-        folded.model(TOKENS).log_softmax(-1), model(TOKENS).log_softmax(-1), rtol=0, atol=FP32_TOLERANCE
-    )
-    with pytest.warns(qkov.interop.FoldNote, match="shortformer"):
-        qkov.from_transformer_lens(tl_model(False, positions="shortformer"))
-
-
-# --- folders, checkpoints and the command line ----------------------------------------------------
-
-
-def gpt2_folder(path, tokenizer=True, **kwargs):
-    model = hf_model(**kwargs)
-    model.save_pretrained(path, safe_serialization=True)
-    if tokenizer:
-        vocab = {chr(97 + i): i for i in range(23)}
-        (path / "tokenizer.json").write_text(Tokenizer(models.BPE(vocab=vocab, merges=[])).to_str())
-    return model
+from interop_models import FP32_TOLERANCE, TOKENS, gpt2_folder, tl_model
 
 
 def test_hf_folder_imports_by_command_and_loads_as_an_ordinary_checkpoint(tmp_path, capsys):
@@ -207,24 +35,6 @@ def test_hf_folder_imports_by_command_and_loads_as_an_ordinary_checkpoint(tmp_pa
     raw = qkov.load(tmp_path / "raw")
     assert raw.cfg.normalization == "LN"
     torch.testing.assert_close(raw(TOKENS), theirs, rtol=0, atol=FP32_TOLERANCE)
-
-
-def test_hf_folder_with_a_pickled_pytorch_model_bin_imports_the_same(tmp_path):
-    hf = gpt2_folder(tmp_path / "gpt2", tokenizer=False)
-    torch.save(hf.state_dict(), tmp_path / "gpt2" / "pytorch_model.bin")
-    (tmp_path / "gpt2" / "model.safetensors").unlink()
-    model = qkov.from_hf(tmp_path / "gpt2", fold=False)
-    torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits.detach(), rtol=0, atol=FP32_TOLERANCE)
-
-
-def test_untied_hf_folder_uses_its_lm_head(tmp_path):
-    hf = gpt2_folder(tmp_path / "gpt2", tie_word_embeddings=False)
-    torch.testing.assert_close(
-        qkov.from_hf(tmp_path / "gpt2", fold=False)(TOKENS),
-        hf(TOKENS).logits.detach(),
-        rtol=0,
-        atol=FP32_TOLERANCE,
-    )
 
 
 @pytest.mark.parametrize("attn_only", [True, False])
@@ -378,24 +188,25 @@ def test_bad_source_gives_one_line_and_exit_status_2(tmp_path, capsys, kind):
         qkov.interop.import_checkpoint(tmp_path / "src", tmp_path / "out")
 
 
-def test_imported_model_survives_save_load_and_double(tmp_path):
-    model = qkov.from_hf(hf_model())
-    qkov.save(model, tmp_path)
-    loaded = qkov.load(tmp_path)
-    assert loaded.cfg == model.cfg
-    np.testing.assert_array_equal(loaded(TOKENS).detach().numpy(), model(TOKENS).detach().numpy())
-    torch.testing.assert_close(loaded.double()(TOKENS).float(), model(TOKENS), rtol=0, atol=FP32_TOLERANCE)
 
 
-def test_circuits_of_an_unfolded_model_are_those_of_its_folded_form():
-    raw = qkov.from_hf(hf_model().double(), fold=False)
-    folded = fold(raw).model
-    for circuit in (qkov.full_ov_circuit, qkov.full_qk_circuit, qkov.ov_circuit, qkov.qk_circuit):
-        torch.testing.assert_close(circuit(raw).AB, circuit(folded).AB, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(
-        qkov.composition_scores(raw, "K"), qkov.composition_scores(folded, "K"), equal_nan=True
-    )
-    # and the folded circuits carry LayerNorm's weight: not the raw weights' product
-    plain = raw.W_E @ raw.blocks[0].attn.W_V[0] @ raw.blocks[0].attn.W_O[0] @ raw.W_U
-    difference = (qkov.full_ov_circuit(raw).AB[0, 0] - plain).abs().max()
-    assert difference > 0.1 * plain.abs().max()
+def test_folder_kind_tells_the_sources_apart_by_their_config(tmp_path):
+    gpt2_folder(tmp_path / "gpt2", tokenizer=False)
+    save_transformer_lens(tl_model(True), tmp_path / "tl")
+    qkov.save(qkov.from_hf(tmp_path / "gpt2"), tmp_path / "qkov")
+    assert folder_kind(tmp_path / "gpt2") == "huggingface"
+    assert folder_kind(tmp_path / "tl") == "transformer_lens"
+    assert folder_kind(tmp_path / "gpt2" / "model.safetensors", tmp_path / "tl" / "config.json") == (
+        "transformer_lens"
+    )  # the config given, not the one beside the weights
+    with pytest.raises(qkov.QkovError, match=r"qkov: already a qkov checkpoint \(nothing to import\)$"):
+        folder_kind(tmp_path / "qkov")
+
+
+def test_import_checkpoint_refuses_its_own_source_and_a_config_with_a_mapping(tmp_path):
+    gpt2_folder(tmp_path / "gpt2", tokenizer=False)
+    with pytest.raises(qkov.QkovError, match="the output folder must differ from the source folder"):
+        qkov.interop.import_checkpoint(tmp_path / "gpt2", tmp_path / "gpt2")
+    with pytest.raises(qkov.QkovError, match=r"^give a config or a mapping, not both"):
+        qkov.interop.import_checkpoint(tmp_path / "gpt2", tmp_path / "out", config="c.json", mapping="m.json")
+    assert not (tmp_path / "out").exists()

@@ -1,11 +1,10 @@
-"""The one corpus pipeline, for corpora larger than memory: JSON Lines (plain, gzip, zstd) and
-Parquet readers, bad input, streaming tokenization into shards (the tokens of encoding each document
-alone; resumable), the analyses' chunked reads of shards, and training memory independent of
-corpus size."""
+"""The one corpus pipeline, for corpora larger than memory: bad input in any format (the readers
+themselves are tests/test_sources.py) leaves no shard, the tokenizer and the tokens are cached,
+streaming tokenization into shards (the tokens of encoding each document alone; resumable), the
+analyses' chunked reads of shards, and training memory independent of corpus size."""
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import subprocess
@@ -15,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import zstandard
 
 import qkov
 from qkov.circuits.bigrams import BigramCounts
@@ -27,7 +25,7 @@ from qkov.data.tokenizer import END_OF_TEXT
 from qkov.data.tokens import cache_dir, is_eval_document
 from test_train import TINY, qkov_cli
 
-TEXTS = [f"def f_{i}(self, value):\n    return self.value_{i} + value * {i}\n" * 20 for i in range(30)]
+from jsonl import write_jsonl
 
 
 def direct_encoding(documents, tokenizer):
@@ -51,28 +49,6 @@ def generated_corpus(folder, lines=600):
     pq.write_table(pa.table({"text": texts[:50]}), folder / "b.parquet")
     (folder / "c.py").write_text("def f(self):\n    return self.x\n")
     return folder
-
-
-def write_jsonl(path, rows):
-    data = "".join(json.dumps(row) + "\n" for row in rows).encode()
-    if path.name.endswith(".gz"):
-        data = gzip.compress(data)
-    elif path.name.endswith(".zst"):
-        data = zstandard.ZstdCompressor().compress(data)
-    path.write_bytes(data)
-    return path
-
-
-@pytest.mark.parametrize("name", ["c.jsonl", "c.jsonl.gz", "c.jsonl.zst", "c.parquet"])
-def test_every_format_gives_the_same_documents(tmp_path, name):
-    path = tmp_path / name
-    if name.endswith(".parquet"):
-        pq.write_table(pa.table({"body": TEXTS, "n": list(range(len(TEXTS)))}), path)
-    else:
-        write_jsonl(path, [{"body": t, "n": i} for i, t in enumerate(TEXTS)])
-    docs = list(CorpusFiles.find([str(tmp_path)], text_field="body").documents())
-    assert [d.text for d in docs] == TEXTS
-    assert docs[2].path == f"{path}:3"
 
 
 @pytest.mark.parametrize(
@@ -105,6 +81,32 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tiny_corpus, tmp_pat
     assert result.stderr == f"qkov: error: {tiny_corpus / 'z.jsonl'}:2: not JSON (Expecting value)\n"
     assert not out.exists()
     assert not list((cache_dir() / "shards").glob("*/*"))
+
+
+@pytest.mark.parametrize("content", [None, b"", b"\x00\x01\x02binary", b"   \n\n"])
+def test_empty_or_binary_corpus_is_a_clear_error(tmp_path, tiny_corpus, content):
+    (tmp_path / "empty").mkdir()
+    if content is not None:
+        (tmp_path / "empty" / "f.bin").write_bytes(content)
+    tokenizer = sampled_tokenizer(CorpusFiles.find([str(tiny_corpus)]), 300)
+    with pytest.raises(qkov.QkovError, match="corpus: no text"):
+        corpus_tokens([str(tmp_path / "empty")], tokenizer)
+
+
+def test_the_tokenizer_and_the_tokens_are_cached(tiny_corpus, monkeypatch):
+    corpus = CorpusFiles.find([str(tiny_corpus)])
+    tokenizer = sampled_tokenizer(corpus, 300)
+    assert [f.name for f in (cache_dir() / "tokenizers").iterdir()] == [f"files-{corpus.key()}-300.json"]
+    first = sharded_tokens(corpus, tokenizer, show_progress=False)
+    monkeypatch.setattr(shards, "train_tokenizer", lambda *a: pytest.fail("trained again"))
+    monkeypatch.setattr(shards, "write_shards", lambda *a: pytest.fail("tokenized again"))
+    assert sampled_tokenizer(corpus, 300).to_str() == tokenizer.to_str()
+    second = corpus_tokens([str(tiny_corpus)], tokenizer)
+    np.testing.assert_array_equal(first.train[0 : len(first.train)], second.train[0 : len(second.train)])
+    assert len(first.train) + len(first.eval) == sum(
+        len(tokenizer.encode(d.text).ids) + 1 for d in corpus.documents()
+    )
+    assert len(first.eval) >= 1 and len(first.train) > len(first.eval)
 
 
 def test_the_pipeline_gives_each_documents_own_encoding(tmp_path, monkeypatch):

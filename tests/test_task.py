@@ -4,8 +4,6 @@ to end, the analyses that need a square token-to-token circuit skipped with thei
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -182,18 +180,6 @@ def test_a_transformer_lens_classifier_imports_and_agrees(tmp_path):
     tokens = classifier_data()[0]
     with torch.no_grad():
         np.testing.assert_allclose(back.double()(tokens).numpy(), hooked(tokens).numpy(), atol=1e-10)
-
-
-def test_old_config_files_load_and_the_new_fields_are_checked(tmp_path):
-    old = {"n_layers": 1, "n_heads": 1, "d_model": 4, "d_head": 2, "d_vocab": 5, "n_ctx": 3}
-    cfg = qkov.Config.from_dict(old)
-    assert cfg.d_vocab_out is None and cfg.bos_token_id is None and cfg.d_out == 5 and cfg.outputs_tokens
-    assert json.loads(cfg.to_json())["d_vocab_out"] is None
-    for bad, words in ((dict(d_vocab_out=0), "d_vocab_out"), (dict(bos_token_id=5), "bos_token_id"),
-                       (dict(bos_token_id=True), "bos_token_id")):  # fmt: skip
-        with pytest.raises(qkov.QkovError, match=words):
-            qkov.Config.from_dict(old | bad)
-    assert not qkov.Config.from_dict(old | {"d_vocab_out": 2}).outputs_tokens
 
 
 def test_analyze_without_the_users_data_says_what_a_classifier_needs():

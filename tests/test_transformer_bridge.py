@@ -1,6 +1,7 @@
 """TransformerLens 4 (``TransformerBridge``) both ways, in float64 against qkov's own forward (which
-tests/test_interop.py holds to TransformerLens 3.x, the oracle); each way refusing in one line when
-the other version is installed; and TransformerLens folders read with no TransformerLens at all.
+tests/test_transformer_lens.py holds to TransformerLens 3.x, the oracle); each way refusing in one
+line when the other version is installed; and TransformerLens folders read with no TransformerLens
+at all.
 
 `make test` runs this file twice: in .venv (TransformerLens 3.x) and in .venv-tl4 (4.x)."""
 
