@@ -43,8 +43,12 @@ def test_rerunning_reuses_the_finished_models(quick_run, capsys):
     main(["reproduce", "--quick", "--out", str(out), "--corpus", str(corpus), "--quiet"])
     after = {d: (out / d / "model.safetensors").stat().st_mtime_ns for d in before}
     assert after == before
-    printed = capsys.readouterr().out
-    assert "holds" in printed and "wrote" in printed
+    printed = capsys.readouterr().out.splitlines()
+    claims = load_results(out / "results.json").claims  # the rerun's, rewritten from the same models
+    table = printed[printed.index(next(line for line in printed if line.startswith("claim "))) :][1:10]
+    assert [line.rsplit(maxsplit=1)[-1] for line in table] == ["yes" if c.holds else "NO" for c in claims]
+    assert [line[: len(c.claim)] for line, c in zip(table, claims, strict=True)] == [c.claim for c in claims]
+    assert printed[-1].endswith(f"wrote {out / 'results.json'} and {out / 'report.html'}")
 
 
 def test_a_folder_trained_with_other_settings_is_an_error_not_resumed(quick_run, capsys):
