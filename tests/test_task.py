@@ -152,6 +152,7 @@ def test_a_classifier_is_analysed_end_to_end(tmp_path, capsys):
         "copying_comparison",
         "repeated_tokens",
         "induction_check",
+        "induction_mechanism",
         "ablation",
     }
     assert set(results.skipped) == square | {"bigram", "skip_trigrams"}
@@ -163,7 +164,9 @@ def test_a_classifier_is_analysed_end_to_end(tmp_path, capsys):
     assert results.term_importance.tokens == user.description
     assert results.attention_examples.user.tokens == tokens[0].tolist()
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
-    assert f"loss {expected.loss:.4f} nats" in err and "skipped copying: needs a square" in err
+    assert f"loss {expected.loss:.4f} nats" in err
+    reason = results.skipped["copying"]  # one line per reason, naming every step it skipped
+    assert f"skipped ({reason}): " in err and err.count(f"skipped ({reason})") == 1
     html = (tmp_path / "out" / "report.html").read_text()
     assert "The model on its own task" in html and "Analyses that did not apply" in html
 

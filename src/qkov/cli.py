@@ -223,8 +223,8 @@ def summary_lines(results: Results) -> list[str]:
 
 
 def task_lines(results: Results) -> list[str]:
-    """The task's numbers on the user's data (and the heads whose ablation costs most), and one
-    line per analysis that was skipped, saying why."""
+    """The task's numbers on the user's data (and the heads whose ablation costs most), and the
+    analyses that were skipped, one line per reason."""
     lines = []
     if (task := results.task) is not None:
         lines.append(
@@ -240,7 +240,10 @@ def task_lines(results: Results) -> list[str]:
                     for a in worst
                 )
             )
-    lines += [f"  skipped {name}: {reason}" for name, reason in results.skipped.items()]
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in results.skipped.items():
+        by_reason.setdefault(reason, []).append(name)
+    lines += [f"  skipped ({reason}): {', '.join(names)}" for reason, names in by_reason.items()]
     return lines
 
 
