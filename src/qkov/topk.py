@@ -62,6 +62,11 @@ class _Leaves(NamedTuple):
     hi: Float[Tensor, "L p"]
     slack_max: Float[Tensor, "L 3"]
 
+    @property
+    def box(self) -> Float[Tensor, "2p+3 L"]:
+        """What a row's ``[max(p, 0), max(-p, 0), slack]`` is multiplied by for its bound."""
+        return torch.cat([self.hi, -self.lo, self.slack_max], 1).mT
+
 
 class _Search(NamedTuple):
     """A product ready to search: both sides' leaves and the factors in leaf order."""
@@ -69,15 +74,16 @@ class _Search(NamedTuple):
     rows: _Leaves
     cols: _Leaves
     a_screen: Float[Tensor, "m r"]
-    b_screen: Float[Tensor, "r n"]
+    b_screen: Float[Tensor, "n r"]  # B^T: a leaf's columns are gathered as contiguous rows
     a_decide: Float[Tensor, "m r"]
-    b_decide: Float[Tensor, "r n"]
+    b_decide: Float[Tensor, "n r"]
     gamma: float  # gamma_{r+3} of the screening precision
 
 
 def _split(points: Float[Tensor, "N d"], leaf: int) -> tuple[Tensor, list[int]]:
     """A k-d partition: the order of the points and the first position of each leaf (at most
-    ``leaf`` points), every part split at the median of its widest coordinate, a level at a time."""
+    ``leaf`` points), every part split at the median of its widest coordinate, a level at a time
+    (one sort per level: by part, then by the widest coordinate scaled into ``[0, 1/2]``)."""
     n = points.shape[0]
     order = torch.arange(n, device=points.device)
     cuts = torch.zeros(1, dtype=torch.long, device=points.device)
@@ -86,13 +92,14 @@ def _split(points: Float[Tensor, "N d"], leaf: int) -> tuple[Tensor, list[int]]:
         split = ends - cuts > leaf
         if not bool(split.any()):
             return order, [*cuts.tolist(), n]
+        inside = points[order]
+        lo = torch.segment_reduce(inside, "min", lengths=ends - cuts, axis=0)
+        hi = torch.segment_reduce(inside, "max", lengths=ends - cuts, axis=0)
+        widest = (hi - lo).argmax(1, keepdim=True)
         part = torch.repeat_interleave(torch.arange(len(cuts), device=cuts.device), ends - cuts)
-        ranges = _per_part(points[order], part, len(cuts), "amax") - _per_part(
-            points[order], part, len(cuts), "amin"
-        )
-        key = points[order].gather(1, ranges.argmax(1)[part][:, None])[:, 0]
-        by_key = key.argsort(stable=True)
-        order = order[by_key[part[by_key].argsort(stable=True)]]
+        low, width = lo.gather(1, widest)[part, 0], (hi - lo).gather(1, widest)[part, 0]
+        within = (inside.gather(1, widest[part])[:, 0] - low) / width.clamp_min(torch.finfo(width.dtype).tiny)
+        order = order[(part + within.clamp(0, 1) / 2).argsort(stable=True)]
         cuts = torch.cat([cuts, ((cuts + ends) // 2)[split]]).sort().values
 
 
@@ -170,11 +177,11 @@ def _prepare(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], row_leaf: int) ->
     P, Q, row_slack, col_slack = _basis(a, b)
     rows = _leaves(P, row_slack, a.norm(dim=1), row_leaf)
     cols = _leaves(Q, col_slack, b.norm(dim=0), LEAF)
-    a, b = a[rows.order], b[:, cols.order]
+    a, b = a[rows.order], b.mT[cols.order]
     screen = SCREEN if _screen_is_ieee(A.device) else DECIDE
     unit = UNIT_ROUNDOFF if screen == SCREEN else torch.finfo(DECIDE).eps / 2
     gamma = _gamma(A.shape[1] + 3, unit)
-    return _Search(rows, cols, a.to(screen), b.to(screen).contiguous(), a, b.contiguous(), gamma)
+    return _Search(rows, cols, a.to(screen), b.to(screen), a, b, gamma)
 
 
 def _screen_is_ieee(device: torch.device) -> bool:
@@ -185,8 +192,8 @@ def _screen_is_ieee(device: torch.device) -> bool:
 def _bounds(search: _Search, rows: slice) -> Float[Tensor, "b L"]:
     """An upper bound on each row's entries in each column leaf."""
     lead, cols = search.rows.lead[rows], search.cols
-    bound = lead.clamp_min(0) @ cols.hi.mT - (-lead).clamp_min(0) @ cols.lo.mT
-    return bound + search.rows.slack[rows] @ cols.slack_max.mT
+    terms = torch.cat([lead.clamp_min(0), (-lead).clamp_min(0), search.rows.slack[rows]], 1)
+    return terms @ cols.box
 
 
 def _columns(search: _Search, live: Tensor) -> Int[Tensor, "c"]:
@@ -195,11 +202,14 @@ def _columns(search: _Search, live: Tensor) -> Int[Tensor, "c"]:
 
 
 def _decide(search: _Search, rows: Tensor, cols: Tensor) -> Float[Tensor, "c"]:
-    """Exact (float64) entries at leaf-ordered ``(rows, cols)``: one product of the distinct rows
-    and columns, no larger than the block they were screened in."""
+    """Exact (float64) entries at leaf-ordered ``(rows, cols)``: one dot product each, or, when
+    that is more (many tied candidates), one product of the distinct rows and columns, no larger
+    than the block they were screened in."""
     urows, row_at = rows.unique(return_inverse=True)
     ucols, col_at = cols.unique(return_inverse=True)
-    return (search.a_decide[urows] @ search.b_decide[:, ucols])[row_at, col_at]
+    if len(rows) < len(urows) * len(ucols) // 4:
+        return (search.a_decide[rows] * search.b_decide[cols]).sum(1)
+    return (search.a_decide[urows] @ search.b_decide[ucols].mT)[row_at, col_at]
 
 
 def _kth(values: Float[Tensor, "... c"], k: int) -> Float[Tensor, "..."]:
@@ -223,7 +233,8 @@ def _at_most(threshold: Float[Tensor, "..."], dtype: torch.dtype) -> Tensor:
 
 
 def _screen(search: _Search, rows: slice, cols: Tensor) -> Float[Tensor, "b c"]:
-    return search.a_screen[rows] @ search.b_screen[:, cols]
+    every = len(cols) == len(search.b_screen)  # then cols is every column, in order
+    return search.a_screen[rows] @ (search.b_screen if every else search.b_screen[cols]).mT
 
 
 @torch.no_grad()
@@ -255,20 +266,32 @@ def _leaf_bounds(search: _Search) -> Float[Tensor, "L"]:
 
 
 def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int, n: int) -> tuple[Tensor, Tensor]:
-    """Entries of one row leaf that can beat ``tau`` or be among the leaf's ``k`` best, decided in
-    float64, with their row-major indices."""
+    """Entries of one row leaf that can beat ``tau`` (or, before ``k`` are held, be among the
+    leaf's ``k`` best), decided in float64, with their row-major indices."""
     live = _columns(search, (_bounds(search, rows) >= tau).any(0))
     if live.numel() == 0:
         return search.a_decide.new_empty(0), live
     screened = _screen(search, rows, live)
     error = search.gamma * search.rows.norm[rows].max() * search.cols.norm[live].max()
-    threshold = torch.tensor(tau, dtype=DECIDE, device=live.device) - error
-    if screened.numel() >= k:
-        threshold = threshold.maximum(_kth(screened.flatten(), k).to(DECIDE) - 2 * error)
-    at_row, at_col = (screened >= _at_most(threshold, screened.dtype)).nonzero().unbind(1)
+    if tau > -torch.inf:
+        threshold = torch.tensor(tau, dtype=DECIDE, device=live.device) - error
+    elif screened.numel() >= k:
+        threshold = _kth(screened.flatten(), k).to(DECIDE) - 2 * error
+    else:
+        threshold = torch.tensor(-torch.inf, dtype=DECIDE, device=live.device)
+    at_row, at_col = _at_least(screened, _at_most(threshold, screened.dtype))
     positions, cols = at_row + rows.start, live[at_col]
     exact = _decide(search, positions, cols)
     return exact, search.rows.order[positions] * n + search.cols.order[cols]
+
+
+def _at_least(screened: Float[Tensor, "b c"], threshold: Tensor) -> tuple[Tensor, Tensor]:
+    """Where ``screened >= threshold`` (one per row, or one for all), rows first found by their
+    maximum (one pass over the block) so that only rows holding a candidate are compared."""
+    per_row = threshold.reshape(-1, 1).expand(screened.shape[0], 1)
+    hot = (screened.amax(1, keepdim=True) >= per_row).nonzero()[:, 0]
+    at_row, at_col = (screened[hot] >= per_row[hot]).nonzero().unbind(1)
+    return hot[at_row], at_col
 
 
 @torch.no_grad()
@@ -289,20 +312,29 @@ def largest_per_row(
 
 def _row_leaf_best(search: _Search, rows: slice, k: int) -> tuple[Tensor, Tensor]:
     """The ``k`` best entries of each row of one row leaf: the columns of the best-bounded column
-    leaves first, which give each row a ``tau``; then every column leaf whose bound reaches it."""
+    leaves first, which give each row a ``tau``; then every column leaf whose bound reaches it.
+    A row's candidates are its entries within ``2 error`` of the larger of the two blocks'
+    ``k``-th best (each block's ``k`` best beat anything below that by more than the error)."""
     bounds = _bounds(search, rows)
     first = _first_leaves(search, bounds.amax(0), k)
-    cols = _columns(search, first)
-    screened = _screen(search, rows, cols)
+    parts = [(_columns(search, first),)]
+    parts[0] += (_screen(search, rows, parts[0][0]),)
     error = search.gamma * search.rows.norm[rows] * search.cols.norm.max()
-    tau = _kth(screened, k).to(DECIDE) - error
-    more = _columns(search, ((bounds >= tau[:, None]) & ~first).any(0))
+    kth = _kth(parts[0][1], k).to(DECIDE)
+    more = _columns(search, ((bounds >= (kth - error)[:, None]) & ~first).any(0))
     if more.numel():
-        screened, cols = torch.cat([screened, _screen(search, rows, more)], 1), torch.cat([cols, more])
-    threshold = _at_most(_kth(screened, k).to(DECIDE) - 2 * error, screened.dtype)
-    at_row, at_col = (screened >= threshold[:, None]).nonzero().unbind(1)
-    exact = _decide(search, at_row + rows.start, cols[at_col])
-    return _ranked_per_row(at_row, search.cols.order[cols[at_col]], exact, rows.stop - rows.start, k)
+        parts.append((more, _screen(search, rows, more)))
+        if more.numel() >= k:
+            kth = kth.maximum(_kth(parts[1][1], k).to(DECIDE))
+    threshold = _at_most(kth - 2 * error, parts[0][1].dtype)
+    found = [
+        (at_row, cols[at_col])
+        for cols, screened in parts
+        for at_row, at_col in [_at_least(screened, threshold)]
+    ]
+    at_row, at_col = (torch.cat(x) for x in zip(*found, strict=True))
+    exact = _decide(search, at_row + rows.start, at_col)
+    return _ranked_per_row(at_row, search.cols.order[at_col], exact, rows.stop - rows.start, k)
 
 
 def _first_leaves(search: _Search, bound: Float[Tensor, "L"], k: int) -> Tensor:
