@@ -44,6 +44,7 @@ LEAF = 128  # rows or columns per leaf: 128 x 50257 float32 entries (25 MiB) per
 FIRST_COLUMNS = 2048  # per row leaf, columns screened first to set each row's own k-th best
 ROOT_CUTOFF = 1e-10  # Gram eigenvalues below this fraction of the largest: a direction dropped
 BOUND_ROWS = 4096  # rows whose bounds are computed at once (4096 x 393 leaves: 13 MiB)
+DOT_PRODUCTS_PER_BLOCK_ENTRY = 16  # candidates decided one dot product each up to 1/16 of the block
 SCREEN = torch.float32
 UNIT_ROUNDOFF = 2.0**-24  # of SCREEN
 DECIDE = torch.float64
@@ -201,14 +202,14 @@ def _columns(search: _Search, live: Tensor) -> Int[Tensor, "c"]:
     return live[search.cols.leaf_of].nonzero().squeeze(1)
 
 
-def _decide(search: _Search, rows: Tensor, cols: Tensor) -> Float[Tensor, "c"]:
-    """Exact (float64) entries at leaf-ordered ``(rows, cols)``: one dot product each, or, when
-    that is more (many tied candidates), one product of the distinct rows and columns, no larger
-    than the block they were screened in."""
+def _decide(search: _Search, rows: Tensor, cols: Tensor, block: int) -> Float[Tensor, "c"]:
+    """Exact (float64) entries at leaf-ordered ``(rows, cols)``, screened in a block of ``block``
+    entries: one dot product each, or, when there are many (ties), one product of the distinct
+    rows and columns, no larger than that block."""
+    if len(rows) * DOT_PRODUCTS_PER_BLOCK_ENTRY <= block:
+        return (search.a_decide[rows] * search.b_decide[cols]).sum(1)
     urows, row_at = rows.unique(return_inverse=True)
     ucols, col_at = cols.unique(return_inverse=True)
-    if len(rows) < len(urows) * len(ucols) // 4:
-        return (search.a_decide[rows] * search.b_decide[cols]).sum(1)
     return (search.a_decide[urows] @ search.b_decide[ucols].mT)[row_at, col_at]
 
 
@@ -279,19 +280,13 @@ def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int, n: int) -
         threshold = _kth(screened.flatten(), k).to(DECIDE) - 2 * error
     else:
         threshold = torch.tensor(-torch.inf, dtype=DECIDE, device=live.device)
-    at_row, at_col = _at_least(screened, _at_most(threshold, screened.dtype))
+    best = screened.amax(1)  # one pass; only rows holding a candidate are compared
+    hot = (best >= _at_most(threshold, screened.dtype)).nonzero()[:, 0]
+    at_row, at_col = (screened[hot] >= _at_most(threshold, screened.dtype)).nonzero().unbind(1)
+    at_row = hot[at_row]
     positions, cols = at_row + rows.start, live[at_col]
-    exact = _decide(search, positions, cols)
+    exact = _decide(search, positions, cols, screened.numel())
     return exact, search.rows.order[positions] * n + search.cols.order[cols]
-
-
-def _at_least(screened: Float[Tensor, "b c"], threshold: Tensor) -> tuple[Tensor, Tensor]:
-    """Where ``screened >= threshold`` (one per row, or one for all), rows first found by their
-    maximum (one pass over the block) so that only rows holding a candidate are compared."""
-    per_row = threshold.reshape(-1, 1).expand(screened.shape[0], 1)
-    hot = (screened.amax(1, keepdim=True) >= per_row).nonzero()[:, 0]
-    at_row, at_col = (screened[hot] >= per_row[hot]).nonzero().unbind(1)
-    return hot[at_row], at_col
 
 
 @torch.no_grad()
@@ -330,10 +325,10 @@ def _row_leaf_best(search: _Search, rows: slice, k: int) -> tuple[Tensor, Tensor
     found = [
         (at_row, cols[at_col])
         for cols, screened in parts
-        for at_row, at_col in [_at_least(screened, threshold)]
+        for at_row, at_col in [(screened >= threshold[:, None]).nonzero().unbind(1)]
     ]
     at_row, at_col = (torch.cat(x) for x in zip(*found, strict=True))
-    exact = _decide(search, at_row + rows.start, at_col)
+    exact = _decide(search, at_row + rows.start, at_col, (rows.stop - rows.start) * len(search.b_decide))
     return _ranked_per_row(at_row, search.cols.order[at_col], exact, rows.stop - rows.start, k)
 
 
