@@ -44,7 +44,7 @@ LEAF = 128  # rows or columns per leaf: 128 x 50257 float32 entries (25 MiB) per
 FIRST_COLUMNS = 2048  # per row leaf, columns screened first to set each row's own k-th best
 ROOT_CUTOFF = 1e-10  # Gram eigenvalues below this fraction of the largest: a direction dropped
 BOUND_ROWS = 4096  # rows whose bounds are computed at once (4096 x 393 leaves: 13 MiB)
-DOT_PRODUCTS_PER_BLOCK_ENTRY = 16  # candidates decided one dot product each up to 1/16 of the block
+DECIDE_CHUNK = 16384  # candidates decided at once: 2 x 8 MiB of gathered float64 rows at r = 64
 SCREEN = torch.float32
 UNIT_ROUNDOFF = 2.0**-24  # of SCREEN
 DECIDE = torch.float64
@@ -202,15 +202,18 @@ def _columns(search: _Search, live: Tensor) -> Int[Tensor, "c"]:
     return live[search.cols.leaf_of].nonzero().squeeze(1)
 
 
-def _decide(search: _Search, rows: Tensor, cols: Tensor, block: int) -> Float[Tensor, "c"]:
-    """Exact (float64) entries at leaf-ordered ``(rows, cols)``, screened in a block of ``block``
-    entries: one dot product each, or, when there are many (ties), one product of the distinct
-    rows and columns, no larger than that block."""
-    if len(rows) * DOT_PRODUCTS_PER_BLOCK_ENTRY <= block:
-        return (search.a_decide[rows] * search.b_decide[cols]).sum(1)
-    urows, row_at = rows.unique(return_inverse=True)
-    ucols, col_at = cols.unique(return_inverse=True)
-    return (search.a_decide[urows] @ search.b_decide[ucols].mT)[row_at, col_at]
+def _decide(search: _Search, rows: Tensor, cols: Tensor) -> Float[Tensor, "c"]:
+    """Exact (float64) entries at leaf-ordered ``(rows, cols)``, one dot product each (the same
+    value whatever block an entry was screened in), ``DECIDE_CHUNK`` at a time."""
+    return torch.cat(
+        [
+            (
+                search.a_decide[rows[at : at + DECIDE_CHUNK]] * search.b_decide[cols[at : at + DECIDE_CHUNK]]
+            ).sum(1)
+            for at in range(0, len(rows), DECIDE_CHUNK)
+        ]
+        or [search.a_decide.new_empty(0)]
+    )
 
 
 def _kth(values: Float[Tensor, "... c"], k: int) -> Float[Tensor, "..."]:
@@ -285,7 +288,7 @@ def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int, n: int) -
     at_row, at_col = (screened[hot] >= _at_most(threshold, screened.dtype)).nonzero().unbind(1)
     at_row = hot[at_row]
     positions, cols = at_row + rows.start, live[at_col]
-    exact = _decide(search, positions, cols, screened.numel())
+    exact = _decide(search, positions, cols)
     return exact, search.rows.order[positions] * n + search.cols.order[cols]
 
 
@@ -328,7 +331,7 @@ def _row_leaf_best(search: _Search, rows: slice, k: int) -> tuple[Tensor, Tensor
         for at_row, at_col in [(screened >= threshold[:, None]).nonzero().unbind(1)]
     ]
     at_row, at_col = (torch.cat(x) for x in zip(*found, strict=True))
-    exact = _decide(search, at_row + rows.start, at_col, (rows.stop - rows.start) * len(search.b_decide))
+    exact = _decide(search, at_row + rows.start, at_col)
     return _ranked_per_row(at_row, search.cols.order[at_col], exact, rows.stop - rows.start, k)
 
 
