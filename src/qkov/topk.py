@@ -75,9 +75,10 @@ class _Search(NamedTuple):
     rows: _Leaves
     cols: _Leaves
     a_screen: Float[Tensor, "m r"]
-    b_screen: Float[Tensor, "n r"]  # B^T: a leaf's columns are gathered as contiguous rows
+    b_screen: Float[Tensor, "r n"]
     a_decide: Float[Tensor, "m r"]
-    b_decide: Float[Tensor, "n r"]
+    b_decide: Float[Tensor, "n r"]  # B^T: a candidate's column is gathered as a contiguous row
+    buffer: Float[Tensor, "leaf*n"]  # every screened block, reused: no fresh pages per block
     gamma: float  # gamma_{r+3} of the screening precision
 
 
@@ -182,7 +183,8 @@ def _prepare(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], row_leaf: int) ->
     screen = SCREEN if _screen_is_ieee(A.device) else DECIDE
     unit = UNIT_ROUNDOFF if screen == SCREEN else torch.finfo(DECIDE).eps / 2
     gamma = _gamma(A.shape[1] + 3, unit)
-    return _Search(rows, cols, a.to(screen), b.to(screen), a, b, gamma)
+    buffer = torch.empty(row_leaf * b.shape[0], dtype=screen, device=b.device)
+    return _Search(rows, cols, a.to(screen), b.mT.to(screen).contiguous(), a, b, buffer, gamma)
 
 
 def _screen_is_ieee(device: torch.device) -> bool:
@@ -236,9 +238,11 @@ def _at_most(threshold: Float[Tensor, "..."], dtype: torch.dtype) -> Tensor:
     )
 
 
-def _screen(search: _Search, rows: slice, cols: Tensor) -> Float[Tensor, "b c"]:
-    every = len(cols) == len(search.b_screen)  # then cols is every column, in order
-    return search.a_screen[rows] @ (search.b_screen if every else search.b_screen[cols]).mT
+def _screen(search: _Search, rows: slice, cols: Tensor, offset: int = 0) -> Float[Tensor, "b c"]:
+    """``A[rows] B[:, cols]`` in the screening precision, into the buffer from ``offset`` on."""
+    out = search.buffer[offset : offset + (rows.stop - rows.start) * len(cols)].view(-1, len(cols))
+    b = search.b_screen if len(cols) == search.b_screen.shape[1] else search.b_screen[:, cols]
+    return torch.matmul(search.a_screen[rows], b, out=out)
 
 
 @torch.no_grad()
@@ -321,7 +325,7 @@ def _row_leaf_best(search: _Search, rows: slice, k: int) -> tuple[Tensor, Tensor
     kth = _kth(parts[0][1], k).to(DECIDE)
     more = _columns(search, ((bounds >= (kth - error)[:, None]) & ~first).any(0))
     if more.numel():
-        parts.append((more, _screen(search, rows, more)))
+        parts.append((more, _screen(search, rows, more, parts[0][1].numel())))
         if more.numel() >= k:
             kth = kth.maximum(_kth(parts[1][1], k).to(DECIDE))
     threshold = _at_most(kth - 2 * error, parts[0][1].dtype)
