@@ -77,10 +77,10 @@ def screened(search, *args):
     count = 0
     screen = pruned._screen
 
-    def counted(s, rows, cols):
+    def counted(s, rows, cols, *offset):
         nonlocal count
         count += (rows.stop - rows.start) * len(cols)
-        return screen(s, rows, cols)
+        return screen(s, rows, cols, *offset)
 
     pruned._screen = counted
     try:

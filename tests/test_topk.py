@@ -119,10 +119,10 @@ def screened_entries(search, *args) -> tuple[object, int]:
     count = 0
     screen = topk._screen
 
-    def counted(search_, rows, cols):
+    def counted(search_, rows, cols, *offset):
         nonlocal count
         count += (rows.stop - rows.start) * len(cols)
-        return screen(search_, rows, cols)
+        return screen(search_, rows, cols, *offset)
 
     with patch.object(topk, "_screen", counted):
         return search(*args), count
