@@ -45,6 +45,7 @@ FIRST_COLUMNS = 2048  # per row leaf, columns screened first to set each row's o
 ROOT_CUTOFF = 1e-10  # Gram eigenvalues below this fraction of the largest: a direction dropped
 BOUND_ROWS = 4096  # rows whose bounds are computed at once (4096 x 393 leaves: 13 MiB)
 DECIDE_CHUNK = 16384  # candidates decided at once: 2 x 8 MiB of gathered float64 rows at r = 64
+DENSE_FRACTION = 0.5
 SCREEN = torch.float32
 UNIT_ROUNDOFF = 2.0**-24  # of SCREEN
 DECIDE = torch.float64
@@ -200,8 +201,13 @@ def _bounds(search: _Search, rows: slice) -> Float[Tensor, "b L"]:
 
 
 def _columns(search: _Search, live: Tensor) -> Int[Tensor, "c"]:
-    """Leaf-ordered positions of the columns in the ``live`` column leaves."""
-    return live[search.cols.leaf_of].nonzero().squeeze(1)
+    """Leaf-ordered positions of the columns in the ``live`` column leaves; every column when
+    they hold more than ``DENSE_FRACTION`` of them (screening the rest too costs less than
+    gathering the live ones)."""
+    cols = live[search.cols.leaf_of].nonzero().squeeze(1)
+    if len(cols) > DENSE_FRACTION * len(live[search.cols.leaf_of]):
+        return torch.arange(len(search.cols.order), device=cols.device)
+    return cols
 
 
 def _decide(search: _Search, rows: Tensor, cols: Tensor) -> Float[Tensor, "c"]:
@@ -323,8 +329,13 @@ def _row_leaf_best(search: _Search, rows: slice, k: int) -> tuple[Tensor, Tensor
     parts[0] += (_screen(search, rows, parts[0][0]),)
     error = search.gamma * search.rows.norm[rows] * search.cols.norm.max()
     kth = _kth(parts[0][1], k).to(DECIDE)
-    more = _columns(search, ((bounds >= (kth - error)[:, None]) & ~first).any(0))
-    if more.numel():
+    n = len(search.cols.order)
+    live = ((bounds >= (kth - error)[:, None]) & ~first).any(0)
+    more = _columns(search, live) if len(parts[0][0]) < n else live.new_empty(0, dtype=torch.long)
+    if len(more) == n:  # nearly every column: screen them all, once
+        parts = [(more, _screen(search, rows, more))]
+        kth = _kth(parts[0][1], k).to(DECIDE)
+    elif more.numel():
         parts.append((more, _screen(search, rows, more, parts[0][1].numel())))
         if more.numel() >= k:
             kth = kth.maximum(_kth(parts[1][1], k).to(DECIDE))
