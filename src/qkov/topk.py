@@ -3,15 +3,17 @@
 
 Bound, then compute what the bound cannot rule out (branch and bound):
 
-- *basis*: ``A B = U S V^T`` (:meth:`FactoredMatrix.svd`, float64), so entry ``(i, j)`` is
-  ``p_i . q_j`` with ``p_i = U_i S^(1/2)`` and ``q_j = V_j S^(1/2)``. The first :data:`LEAD`
+- *basis*: from pseudo-roots of the ``r x r`` Gram matrices ``A^T A`` and ``B B^T`` (float64) and
+  the SVD of their small core, ``P = A M`` and ``Q = B^T N`` are the product's singular
+  coordinates (``p_i = U_i S^(1/2)``, ``q_j = V_j S^(1/2)``), so entry ``(i, j)`` is ``p_i . q_j``
+  up to a slack that is *computed*, not assumed (see :func:`_basis`). The first :data:`LEAD`
   coordinates are the *lead*, the rest the *tail*; ``|tail_i . tail_j| <= ||tail_i|| ||tail_j||``
   (Cauchy-Schwarz), small where the singular values decay, as they do in trained heads.
 - *leaves*: rows and columns are cut into leaves of similar points (a k-d tree on the lead and
   the tail norm, median splits along the widest coordinate). A column leaf ``J`` keeps, per lead
   coordinate, its lowest and highest value and its largest tail norm, which bound row ``i``'s
   entries in ``J``: ``max_{j in J} (AB)_ij <= sum_t max(p_it lo_Jt, p_it hi_Jt) + ||tail_i||
-  max_J ||tail_j|| + delta`` (two small matmuls for a whole leaf of rows).
+  max_J ||tail_j|| + slack`` (one small matmul for a whole leaf of rows).
 - *search*: row leaves in order of their best bound; a leaf's rows are multiplied (float32) only
   with the column leaves whose bound reaches the current ``k``-th best value ``tau``, and the
   search stops when no bound does. A flat spectrum prunes little, and the cost falls back to the
@@ -19,9 +21,10 @@ Bound, then compute what the bound cannot rule out (branch and bound):
 
 Precision, and the error bounds that make it exact:
 
-- ``delta = 2^-33 ||A||_F ||B||_F`` covers the float64 basis' rounding (the QR and SVD are
-  backward stable: ``||U S V^T - A B||_2 <= c eps_64 ||A||_2 ||B||_2`` with ``c`` a small
-  polynomial in ``r``, far under ``2^20``), so a pruned entry is provably below ``tau``.
+- the slack bounds ``|(AB)_ij - p_i . q_j|`` for whatever ``M``, ``N`` rounding produced: the
+  directions a pseudo-root drops (``||a_i D|| ||b_j||`` with ``D = M N^T - I`` computed) and the
+  float64 rounding of ``P``, ``Q`` and of the bounds (``gamma_n`` terms, :func:`_basis`), so a
+  pruned entry is provably below ``tau``; an ill-conditioned factor only loosens the bounds.
 - screening in float32: ``|fl32(a_i . b_j) - a_i . b_j| <= gamma_{r+3} ||a_i|| ||b_j||`` with
   ``gamma_n = n u / (1 - n u)``, ``u = 2^-24`` (the dot product's rounding, for any summation order
   or FMA, plus rounding float64 factors to float32). Every entry whose float32 value lies within
