@@ -1,7 +1,8 @@
-"""The pruned top-k search (qkov.topk) against the dense float64 product sorted stably: the same
-entries in the same order (equal values in row-major order), on random, trained-like, flat,
-rank-deficient, tied and zero products; and that pruning skips most of a decaying spectrum's
-entries while a flat one screens no entry twice."""
+"""The global top-k search (qkov.topk), pruned and streamed, against the dense float64 product
+sorted stably: the same entries in the same order (equal values in row-major order), on random,
+trained-like, flat, rank-deficient, tied and zero products; that pruning skips most of a decaying
+spectrum's entries and that a flat one is streamed; and the per-row search against each row of the
+dense product in ``torch.topk``'s order."""
 
 from __future__ import annotations
 
@@ -74,9 +75,11 @@ def products(draw):
 
 
 @contextmanager
-def small_leaves(leaf: int, first: int):
-    """Leaves of ``leaf`` columns and ``first`` columns screened first: pruning at test sizes."""
-    with patch.object(topk, "LEAF", leaf), patch.object(topk, "FIRST_COLUMNS", first):
+def small_leaves(leaf: int, path: str):
+    """Leaves of ``leaf`` columns, and the pruned search (whatever its bounds promise) or the streamed
+    one: both paths at test sizes."""
+    limit = torch.inf if path == "pruned" else -torch.inf
+    with patch.object(topk, "LEAF", leaf), patch.object(topk, "LIVE_LIMIT", limit):
         yield
 
 
@@ -84,13 +87,16 @@ def stable_descending(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return values.sort(dim=-1, descending=True, stable=True)
 
 
+PATHS = st.sampled_from(["pruned", "streamed"])
+
+
 @PROPERTY
-@given(products(), st.integers(1, 60), st.booleans(), st.integers(1, 40), st.integers(1, 64))
-def test_topk_is_the_dense_product_sorted(product, k, largest, leaf, first):
+@given(products(), st.integers(1, 60), st.booleans(), st.integers(1, 40), PATHS)
+def test_topk_is_the_dense_product_sorted(product, k, largest, leaf, path):
     A, B = product
     k = min(k, A.shape[0] * B.shape[1])
     dense = A.double() @ B.double()
-    with small_leaves(leaf, first):
+    with small_leaves(leaf, path):
         found = FactoredMatrix(A, B).topk(k, largest=largest, memory_bytes=leaf * B.shape[1] * 8)
     values, index = stable_descending(dense.flatten() if largest else -dense.flatten())
     assert torch.equal(found.rows * B.shape[1] + found.cols, index[:k])
@@ -99,19 +105,24 @@ def test_topk_is_the_dense_product_sorted(product, k, largest, leaf, first):
 
 
 @PROPERTY
-@given(products(), st.integers(1, 40), st.booleans(), st.integers(1, 40), st.integers(1, 64))
-def test_topk_per_row_is_each_row_sorted(product, k, largest, leaf, first):
+@given(products(), st.integers(1, 40), st.booleans(), st.integers(1, 40))
+def test_topk_per_row_is_each_row_of_the_product_in_topk_order(product, k, largest, rows):
+    """Streamed in blocks of ``rows`` rows: each block's product in this dtype, ``torch.topk`` of its
+    rows, equal values in ``torch.topk``'s order (the order the skip-trigram tables were always read
+    in); the values are the dense float64 product's, up to this dtype's rounding."""
     A, B = product
     k = min(k, B.shape[1])
-    dense = A.double() @ B.double()
-    with small_leaves(leaf, first):
-        values, cols = FactoredMatrix(A, B).topk_per_row(
-            k, largest=largest, memory_bytes=leaf * B.shape[1] * 8
-        )
-    want, index = stable_descending(dense if largest else -dense)
-    assert torch.equal(cols, index[:, :k])
-    want = want[:, :k] if largest else -want[:, :k]
-    torch.testing.assert_close(values, want.to(A.dtype), rtol=1e-12, atol=1e-12 * dense.abs().max())
+    budget = rows * B.shape[1] * A.element_size()
+    values, cols = FactoredMatrix(A, B).topk_per_row(k, largest=largest, memory_bytes=budget)
+    blocks = [
+        (A[start : start + rows] @ B).topk(k, dim=-1, largest=largest) for start in range(0, len(A), rows)
+    ]
+    assert torch.equal(cols, torch.cat([block.indices for block in blocks]))
+    assert torch.equal(values, torch.cat([block.values for block in blocks]))
+    dense = (A.double() @ B.double()).topk(k, dim=-1, largest=largest).values
+    scale = float(A.double().norm(dim=1).max() * B.double().norm(dim=0).max())
+    atol = 8 * A.shape[1] * torch.finfo(A.dtype).eps * scale
+    torch.testing.assert_close(values.double(), dense, rtol=0, atol=atol)
 
 
 def screened_entries(search, *args) -> tuple[object, int]:
@@ -128,19 +139,18 @@ def screened_entries(search, *args) -> tuple[object, int]:
         return search(*args), count
 
 
-@pytest.mark.parametrize("kind", ["trained", "gaussian"])
-def test_a_decaying_spectrum_is_mostly_pruned_and_a_flat_one_screens_each_entry_once(kind):
+@pytest.mark.parametrize("kind", ["trained", "gaussian", "flat-norms"])
+def test_a_decaying_spectrum_is_mostly_pruned_and_a_flat_one_streamed(kind):
     A, B = (torch.tensor(x, dtype=torch.float32) for x in factors(kind, 2500, 2000, 64, 0))
-    (values, index), count = screened_entries(topk.largest_entries, A, B, 100)
+    with patch.object(topk, "_streamed", wraps=topk._streamed) as streamed:
+        (values, index), count = screened_entries(topk.largest_entries, A, B, 100)
     dense = A.double() @ B.double()
     assert torch.equal(index, stable_descending(dense.flatten())[1][:100])
+    torch.testing.assert_close(values, stable_descending(dense.flatten())[0][:100], rtol=1e-13, atol=0)
     if kind == "trained":
-        assert count < 0.15 * dense.numel()  # measured: 5% here, 0.1% at 50257 x 50257
-    else:
-        assert count <= dense.numel()  # no entry screened twice: the cost of the exhaustive search
-    (_, cols), count = screened_entries(topk.largest_per_row, A, B, 10)
-    assert torch.equal(cols, stable_descending(dense)[1][:, :10])
-    assert count <= dense.numel()
+        assert count < 0.15 * dense.numel() and not streamed.called  # measured: 5%, 0.2% at 50257^2
+    else:  # the bounds promise nothing: no leaf is screened, the product streamed once
+        assert count == 0 and streamed.call_count == 1
 
 
 def test_topk_over_a_batch_and_smallest_entries():
@@ -154,38 +164,43 @@ def test_topk_over_a_batch_and_smallest_entries():
     torch.testing.assert_close(smallest.values, want.values.float())
 
 
-def test_skip_trigram_tables_with_pruning_are_the_exhaustive_ones():
-    """The strongest skip-trigrams read through pruned per-row searches (leaves of 16 tokens) equal
-    those read through the dense circuits' rows, sorted."""
+def test_skip_trigram_tables_read_in_blocks_are_those_of_the_dense_circuits():
+    """The strongest skip-trigrams read through per-row searches of 16 rows at a time equal those read
+    through the dense circuits' rows, ``torch.topk`` of each."""
     torch.manual_seed(0)
     model = AttnOnlyTransformer(Config(n_layers=1, n_heads=2, d_model=32, d_head=8, d_vocab=400, n_ctx=16))
     circuits = head_circuits(model, 0, 1)
-    with small_leaves(16, 32):
-        pruned = strongest_skip_trigrams(circuits, 30)
+    blocked = FactoredMatrix.topk_per_row
+
+    def in_blocks(fm, k, largest=True, memory_bytes=0):
+        return blocked(fm, k, largest, memory_bytes=16 * fm.n * fm.A.element_size())
 
     def dense_per_row(fm, k, largest=True, memory_bytes=0):
-        values, cols = stable_descending(fm.AB)
-        return values[..., :k], cols[..., :k]
+        found = fm.AB.topk(k, dim=-1, largest=largest)
+        return found.values, found.indices
 
+    with patch.object(FactoredMatrix, "topk_per_row", in_blocks):
+        streamed = strongest_skip_trigrams(circuits, 30)
     with patch.object(FactoredMatrix, "topk_per_row", dense_per_row):
-        exhaustive = strongest_skip_trigrams(circuits, 30)
-    assert [(t.source, t.destination, t.out) for t in pruned] == [
-        (t.source, t.destination, t.out) for t in exhaustive
+        dense = strongest_skip_trigrams(circuits, 30)
+    assert [(t.source, t.destination, t.out) for t in streamed] == [
+        (t.source, t.destination, t.out) for t in dense
     ]
-    np.testing.assert_allclose([t.strength for t in pruned], [t.strength for t in exhaustive], rtol=1e-12)
+    assert [t.strength for t in streamed] == [t.strength for t in dense]
 
 
+@pytest.mark.parametrize("path", ["pruned", "streamed"])
 @pytest.mark.parametrize("seed", range(5))
-def test_near_ties_that_float32_misorders_are_decided_in_float64(seed):
+def test_near_ties_that_float32_misorders_are_decided_in_float64(seed, path):
     """400 near-equal entries per row, 1e-6 apart under a cancelling +-1000: float32 screening
     alone misorders them (12 rows in 20 when its error margin is dropped); the answer is the
     dense float64 order."""
     A, B = (torch.tensor(x) for x in factors("cancelling", 400, 2, 12, seed))
     rows, cols = B.mT.contiguous(), A.mT.contiguous()  # each row: 400 near-tied columns
     dense = rows @ cols
-    values, found = topk.largest_per_row(rows, cols, 20)
-    assert torch.equal(found, stable_descending(dense)[1][:, :20])
+    with small_leaves(topk.LEAF, path):
+        values, index = topk.largest_entries(rows, cols, 20, block_rows=1)
+    want, order = stable_descending(dense.flatten())
+    assert torch.equal(index, order[:20])
     scale = float(rows.norm(dim=1).max() * cols.norm(dim=0).max())
-    torch.testing.assert_close(values, dense.gather(1, found), rtol=0, atol=1e-14 * scale)
-    values, index = topk.largest_entries(rows, cols, 20)
-    assert torch.equal(index, stable_descending(dense.flatten())[1][:20])
+    torch.testing.assert_close(values, want[:20], rtol=0, atol=1e-14 * scale)

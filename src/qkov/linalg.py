@@ -30,7 +30,7 @@ from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
 from qkov.errors import QkovError
-from qkov.topk import LEAF, largest_entries, largest_per_row
+from qkov.topk import LEAF, largest_entries
 
 DEFAULT_MEMORY_BYTES = 2**30  # the top-k budget: at most about 1 GiB of product entries at once
 BLOCK_BYTES = 16 * 2**20  # a block of streamed rows that stays in cache (larger blocks are slower)
@@ -276,34 +276,31 @@ class FactoredMatrix:
         if self.m != self.n:
             raise QkovError(f"{what} needs a square matrix, got {self.m} x {self.n}")
 
-    # -- reading the largest entries, pruned -------------------------------------------------
-    def _rows_per_block(self, memory_bytes: int) -> int:
-        """Rows of the product screened at once: within ``memory_bytes``, and no more than
-        :data:`qkov.topk.LEAF` (128 rows x 50257 float32 entries: 25 MiB)."""
-        row_bytes = self.n * self.A.element_size()
-        return max(1, min(self.m, LEAF, memory_bytes // row_bytes))
-
-    def _each(self, largest: bool) -> list[tuple[Tensor, Tensor]]:
-        """The factors of every matrix of the batch, ``A`` negated for the smallest entries."""
-        A = self.A.detach().reshape(-1, self.m, self.r)
-        B = self.B.detach().reshape(-1, self.r, self.n)
-        return list(zip(A if largest else -A, B, strict=True))
+    # -- reading the largest entries ---------------------------------------------------------
+    def _rows_per_block(self, memory_bytes: int, most: int) -> int:
+        """Rows of the product computed at once: within ``memory_bytes`` and ``most`` rows."""
+        return max(1, min(self.m, most, memory_bytes // (self.n * self.A.element_size())))
 
     @torch.no_grad()
     def topk(self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> TopK:
         """The ``k`` largest (or smallest) entries of ``A @ B`` over all rows and columns, per
         matrix, sorted, with their row and column indices; equal values in row-major order.
 
-        Exact, and most of the ``m x n`` entries are never computed: bounds from the product's
-        singular coordinates rule out whole blocks, the rest are screened in float32 and the
-        boundary cases decided in float64 (:func:`qkov.topk.largest_entries`, whose docstring
-        states the error bounds). Values are the float64 entries in this matrix's dtype. Memory:
-        a block of at most ``memory_bytes`` (and 128 rows) at a time, never the product.
+        Exact, and where the product's spectrum allows, most of the ``m x n`` entries are never
+        computed: bounds from its singular coordinates rule out whole blocks, the rest are screened
+        in float32 and the boundary cases decided in float64; where the bounds would rule out too
+        little (a flat spectrum), the product is streamed whole, its boundary cases decided in
+        float64 too (:func:`qkov.topk.largest_entries`, whose docstring states the rule and the
+        error bounds). Values are the float64 entries in this matrix's dtype. Memory: a block of at
+        most ``memory_bytes`` (and 128 rows) at a time, never the product.
         """
         if not 1 <= k <= self.m * self.n:
             raise QkovError(f"k must lie in [1, {self.m * self.n}], got {k}")
-        leaf = self._rows_per_block(memory_bytes)
-        found = [largest_entries(a, b, k, leaf) for a, b in self._each(largest)]
+        leaf = self._rows_per_block(memory_bytes, LEAF)
+        block = self._rows_per_block(min(memory_bytes, BLOCK_BYTES), self.m)
+        A = self.A.detach().reshape(-1, self.m, self.r)
+        B = self.B.detach().reshape(-1, self.r, self.n)
+        found = [largest_entries(a, b, k, leaf, block) for a, b in zip(A if largest else -A, B, strict=True)]
         sign = 1 if largest else -1
         values = torch.stack([sign * v for v, _ in found]).to(self.dtype).reshape(*self.batch_shape, k)
         index = torch.stack([i for _, i in found]).reshape(*self.batch_shape, k)
@@ -314,16 +311,26 @@ class FactoredMatrix:
         self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES
     ) -> tuple[Float[Tensor, "... m k"], Int[Tensor, "... m k"]]:
         """For every row of ``A @ B``, its ``k`` largest (or smallest) entries and their columns
-        (for a QK circuit: the tokens each token most wants to attend to); equal values by column.
-        Exact and pruned as :meth:`topk` is (:func:`qkov.topk.largest_per_row`); the outputs
-        (``m x k``) and one block are all it holds."""
+        (for a QK circuit: the tokens each token most wants to attend to): each row of the product
+        as this dtype's matmul computes it, in ``torch.topk``'s order (equal values included).
+
+        Streamed a block of at most ``memory_bytes`` (and 16 MiB) at a time into one reused buffer,
+        the results written into the ``m x k`` outputs: those and the block are all it holds.
+        (Pruning does not pay here: each row's own ``k``-th best is a weak bound, and 65-75% of a
+        trained-like product's entries would still be screened; ``benchmarks/README.md``.)"""
         if not 1 <= k <= self.n:
             raise QkovError(f"k must lie in [1, {self.n}], got {k}")
-        leaf = self._rows_per_block(memory_bytes)
-        found = [largest_per_row(a, b, k, leaf) for a, b in self._each(largest)]
-        sign = 1 if largest else -1
-        values = torch.stack([sign * v for v, _ in found]).to(self.dtype)
-        cols = torch.stack([c for _, c in found])
+        step = self._rows_per_block(min(memory_bytes, BLOCK_BYTES), self.m)
+        A = self.A.detach().reshape(-1, self.m, self.r)
+        B = self.B.detach().reshape(-1, self.r, self.n)
+        values = torch.empty(len(A), self.m, k, dtype=self.dtype, device=self.A.device)
+        cols = torch.empty(len(A), self.m, k, dtype=torch.long, device=self.A.device)
+        buffer = torch.empty(step, self.n, dtype=self.dtype, device=self.A.device)
+        for a, b, v, c in zip(A, B, values, cols, strict=True):
+            for start in range(0, self.m, step):
+                rows = slice(start, start + step)
+                block = torch.matmul(a[rows], b, out=buffer[: len(v[rows])])
+                torch.topk(block, k, dim=-1, largest=largest, out=(v[rows], c[rows]))
         return values.reshape(*self.batch_shape, self.m, k), cols.reshape(*self.batch_shape, self.m, k)
 
 

@@ -36,6 +36,7 @@ Precision, and the error bounds that make it exact:
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -44,11 +45,12 @@ from torch import Tensor
 
 LEAD = 8  # leading singular coordinates boxed per leaf; the rest bounded by Cauchy-Schwarz
 LEAF = 128  # rows or columns per leaf: 128 x 50257 float32 entries (25 MiB) per screening block
-FIRST_COLUMNS = 2048  # per row leaf, columns screened first to set each row's own k-th best
 ROOT_CUTOFF = 1e-10  # Gram eigenvalues below this fraction of the largest: a direction dropped
 BOUND_ROWS = 4096  # rows whose bounds are computed at once (4096 x 393 leaves: 13 MiB)
 DECIDE_CHUNK = 16384  # candidates decided at once: 2 x 8 MiB of gathered float64 rows at r = 64
 DENSE_FRACTION = 0.5
+LIVE_LIMIT = 0.25  # the pruned search only if it expects to screen at most this fraction (measured)
+SAMPLE = 64  # rows and columns of the largest norms whose entries give a first k-th best
 SCREEN = torch.float32
 UNIT_ROUNDOFF = 2.0**-24  # of SCREEN
 DECIDE = torch.float64
@@ -71,6 +73,17 @@ class _Leaves(NamedTuple):
     def box(self) -> Float[Tensor, "2p+3 L"]:
         """What a row's ``[max(p, 0), max(-p, 0), slack]`` is multiplied by for its bound."""
         return torch.cat([self.hi, -self.lo, self.slack_max], 1).mT
+
+
+class _Basis(NamedTuple):
+    """The factors in float64 and the product's singular coordinates with their slack (:func:`_basis`)."""
+
+    a: Float[Tensor, "m r"]
+    b: Float[Tensor, "r n"]
+    P: Float[Tensor, "m k"]
+    Q: Float[Tensor, "n k"]
+    row_slack: Float[Tensor, "m 3"]
+    col_slack: Float[Tensor, "n 3"]
 
 
 class _Search(NamedTuple):
@@ -177,18 +190,22 @@ def _gamma(n: int, unit: float) -> float:
     return n * unit / (1 - n * unit)
 
 
-def _prepare(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], row_leaf: int) -> _Search:
-    """The basis, both sides' leaves and the factors in leaf order (see the module docstring)."""
-    a, b = A.detach().to(DECIDE), B.detach().to(DECIDE)
-    P, Q, row_slack, col_slack = _basis(a, b)
+def _prepare(A: Float[Tensor, "m r"], basis: _Basis, row_leaf: int) -> _Search:
+    """Both sides' leaves and the factors in leaf order (see the module docstring)."""
+    a, b, P, Q, row_slack, col_slack = basis
     rows = _leaves(P, row_slack, a.norm(dim=1), row_leaf)
     cols = _leaves(Q, col_slack, b.norm(dim=0), LEAF)
     a, b = a[rows.order], b.mT[cols.order]
-    screen = SCREEN if _screen_is_ieee(A.device) else DECIDE
-    unit = UNIT_ROUNDOFF if screen == SCREEN else torch.finfo(DECIDE).eps / 2
-    gamma = _gamma(A.shape[1] + 3, unit)
+    screen, gamma = _screening(A)
     buffer = torch.empty(row_leaf * b.shape[0], dtype=screen, device=b.device)
     return _Search(rows, cols, a.to(screen), b.mT.to(screen).contiguous(), a, b, buffer, gamma)
+
+
+def _screening(A: Float[Tensor, "m r"]) -> tuple[torch.dtype, float]:
+    """The screening precision on ``A``'s device and its ``gamma_{r+3}``."""
+    screen = SCREEN if _screen_is_ieee(A.device) else DECIDE
+    unit = UNIT_ROUNDOFF if screen == SCREEN else torch.finfo(DECIDE).eps / 2
+    return screen, _gamma(A.shape[1] + 3, unit)
 
 
 def _screen_is_ieee(device: torch.device) -> bool:
@@ -213,17 +230,15 @@ def _columns(search: _Search, live: Tensor) -> Int[Tensor, "c"]:
     return cols
 
 
-def _decide(search: _Search, rows: Tensor, cols: Tensor) -> Float[Tensor, "c"]:
-    """Exact (float64) entries at leaf-ordered ``(rows, cols)``, one dot product each (the same
-    value whatever block an entry was screened in), ``DECIDE_CHUNK`` at a time."""
+def _decide(a: Float[Tensor, "m r"], b_t: Float[Tensor, "n r"], rows: Tensor, cols: Tensor) -> Tensor:
+    """Exact (float64) entries ``a[rows] . b_t[cols]``, one dot product each (the same value whatever
+    block an entry was screened in), ``DECIDE_CHUNK`` at a time."""
     return torch.cat(
         [
-            (
-                search.a_decide[rows[at : at + DECIDE_CHUNK]] * search.b_decide[cols[at : at + DECIDE_CHUNK]]
-            ).sum(1)
+            (a[rows[at : at + DECIDE_CHUNK]] * b_t[cols[at : at + DECIDE_CHUNK]]).sum(1)
             for at in range(0, len(rows), DECIDE_CHUNK)
         ]
-        or [search.a_decide.new_empty(0)]
+        or [a.new_empty(0)]
     )
 
 
@@ -256,120 +271,132 @@ def _screen(search: _Search, rows: slice, cols: Tensor, offset: int = 0) -> Floa
 
 @torch.no_grad()
 def largest_entries(
-    A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], k: int, row_leaf: int = LEAF
+    A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], k: int, row_leaf: int = LEAF, block_rows: int = LEAF
 ) -> tuple[Float[Tensor, "k"], Int[Tensor, "k"]]:
-    """The ``k`` largest entries of ``A @ B`` (float64, descending) and their row-major indices,
-    exactly (see the module docstring); ``row_leaf`` rows are screened at a time."""
-    search = _prepare(A, B, row_leaf)
+    """The ``k`` largest entries of ``A @ B`` (float64, descending; equal values by row-major
+    index) and their row-major indices, exactly (see the module docstring).
+
+    Pruned (``row_leaf`` rows screened at a time) only where the bounds promise to skip most of
+    the product: a first ``tau`` (:func:`_first_tau`) against the tails alone, then against the
+    leaves' bounds, must leave at most :data:`LIVE_LIMIT` of the entries to screen; otherwise the
+    product is streamed, ``block_rows`` rows at a time (:func:`_streamed`), which costs what the
+    exhaustive search costs."""
+    a, b = A.detach().to(DECIDE), B.detach().to(DECIDE)
+    basis = _Basis(a, b, *_basis(a, b))
+    tau = _first_tau(basis, k)
+    if _tail_live(basis, tau) > LIVE_LIMIT:
+        return _streamed(A, basis, k, block_rows)
+    search = _prepare(A, basis, row_leaf)
+    leaf_bound, live = _leaf_bounds(search, tau)
+    if live > LIVE_LIMIT:
+        return _streamed(A, basis, k, block_rows)
+    return _pruned(search, leaf_bound, k)
+
+
+def _first_tau(basis: _Basis, k: int) -> float:
+    """A lower bound on the ``k``-th best entry: the ``k``-th best of the entries between the
+    :data:`SAMPLE` rows and columns of the largest singular-coordinate norms (``-inf`` if fewer)."""
+    m, n = basis.P.shape[0], basis.Q.shape[0]
+    side = max(SAMPLE, math.isqrt(k - 1) + 1)
+    rows = basis.P.norm(dim=1).topk(min(m, side)).indices
+    cols = basis.Q.norm(dim=1).topk(min(n, side)).indices
+    if len(rows) * len(cols) < k:
+        return -math.inf
+    return float(_kth((basis.a[rows] @ basis.b[:, cols]).flatten(), k))
+
+
+def _tail_live(basis: _Basis, tau: float) -> float:
+    """The fraction of entries whose tail term alone (``||tail_i|| ||tail_j||``, a part of every
+    bound on a leaf holding column ``j``) reaches ``tau``: the search screens at least these."""
+    if tau == -math.inf:
+        return 1.0
+    row_tail, col_tail = basis.row_slack[:, 0], basis.col_slack[:, 0].sort().values
+    need = tau / row_tail.clamp_min(torch.finfo(DECIDE).tiny)
+    above = len(col_tail) - torch.searchsorted(col_tail, need.clamp_min(0).contiguous())
+    return float(above.sum()) / (len(row_tail) * len(col_tail))
+
+
+def _leaf_bounds(search: _Search, tau: float) -> tuple[Float[Tensor, "L"], float]:
+    """Each row leaf's bound on its entries, and the fraction of entries the search would screen
+    against ``tau`` (the column leaves whose bound reaches it, per row leaf, or all columns past
+    ``DENSE_FRACTION``), from the rows' bounds, ``BOUND_ROWS`` rows at a time."""
+    rows, cols = search.rows, search.cols
+    parts = len(rows.starts) - 1
+    best = torch.empty(len(rows.order), dtype=DECIDE, device=rows.lead.device)
+    reach = torch.zeros(parts, len(cols.starts) - 1, dtype=DECIDE, device=best.device)
+    for start in range(0, len(best), BOUND_ROWS):
+        bounds = _bounds(search, slice(start, start + BOUND_ROWS))
+        best[start : start + BOUND_ROWS] = bounds.amax(1)
+        leaf_of = rows.leaf_of[start : start + BOUND_ROWS, None].expand(-1, bounds.shape[1])
+        reach.scatter_reduce_(0, leaf_of, (bounds >= tau).to(DECIDE), "amax")
+    leaf_bound = _per_part(best[:, None], rows.leaf_of, parts, "amax")[:, 0]
+    col_sizes = torch.tensor(cols.starts, dtype=DECIDE, device=best.device).diff()
+    screened = reach @ col_sizes
+    n = float(col_sizes.sum())
+    screened = torch.where(screened > DENSE_FRACTION * n, n, screened) * (leaf_bound >= tau)
+    row_sizes = torch.tensor(rows.starts, dtype=DECIDE, device=best.device).diff()
+    return leaf_bound, float(screened @ row_sizes) / (len(rows.order) * n)
+
+
+def _pruned(search: _Search, leaf_bound: Float[Tensor, "L"], k: int) -> tuple[Tensor, Tensor]:
+    """Row leaves in order of their bound, each screened against the current ``k``-th best."""
     starts = search.rows.starts
-    leaves = [slice(start, end) for start, end in zip(starts, starts[1:], strict=False)]
-    leaf_bound = _leaf_bounds(search)
-    values = torch.empty(0, dtype=DECIDE, device=A.device)
-    index = torch.empty(0, dtype=torch.long, device=A.device)
+    values = torch.empty(0, dtype=DECIDE, device=leaf_bound.device)
+    index = torch.empty(0, dtype=torch.long, device=leaf_bound.device)
     for leaf in leaf_bound.argsort(descending=True).tolist():
         tau = float(values[-1]) if len(values) == k else -torch.inf
         if leaf_bound[leaf] < tau:
             break  # every remaining leaf's bound is lower still
-        found_values, found_index = _leaf_candidates(search, leaves[leaf], tau, k, B.shape[1])
+        found_values, found_index = _leaf_candidates(search, slice(starts[leaf], starts[leaf + 1]), tau, k)
         values, index = _ranked(torch.cat([values, found_values]), torch.cat([index, found_index]), k)
     return values, index
 
 
-def _leaf_bounds(search: _Search) -> Float[Tensor, "L"]:
-    """Each row leaf's bound on its entries, from its rows' bounds, ``BOUND_ROWS`` rows at a time."""
-    m = len(search.rows.order)
-    best = torch.cat([_bounds(search, slice(s, s + BOUND_ROWS)).amax(1) for s in range(0, m, BOUND_ROWS)])
-    return _per_part(best[:, None], search.rows.leaf_of, len(search.rows.starts) - 1, "amax")[:, 0]
+def _candidates(screened: Float[Tensor, "b c"], tau: float, k: int, error: Tensor) -> tuple[Tensor, Tensor]:
+    """Positions ``(row, column)`` in ``screened`` of every entry that can beat ``tau`` (or, before
+    ``k`` are held, be among the block's ``k`` best), ``error`` bounding the screening error."""
+    if tau > -torch.inf:
+        threshold = tau - error
+    elif screened.numel() >= k:
+        threshold = _kth(screened.flatten(), k).to(DECIDE) - 2 * error
+    else:
+        threshold = error.new_tensor(-torch.inf)
+    threshold = _at_most(threshold, screened.dtype)
+    hot = (screened.amax(1) >= threshold).nonzero()[:, 0]  # one pass; only rows holding a candidate
+    at_row, at_col = (screened[hot] >= threshold).nonzero().unbind(1)
+    return hot[at_row], at_col
 
 
-def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int, n: int) -> tuple[Tensor, Tensor]:
-    """Entries of one row leaf that can beat ``tau`` (or, before ``k`` are held, be among the
-    leaf's ``k`` best), decided in float64, with their row-major indices."""
+def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int) -> tuple[Tensor, Tensor]:
+    """Entries of one row leaf that can beat ``tau`` (see :func:`_candidates`), decided in float64,
+    with their row-major indices."""
     live = _columns(search, (_bounds(search, rows) >= tau).any(0))
     if live.numel() == 0:
         return search.a_decide.new_empty(0), live
     screened = _screen(search, rows, live)
     error = search.gamma * search.rows.norm[rows].max() * search.cols.norm[live].max()
-    if tau > -torch.inf:
-        threshold = torch.tensor(tau, dtype=DECIDE, device=live.device) - error
-    elif screened.numel() >= k:
-        threshold = _kth(screened.flatten(), k).to(DECIDE) - 2 * error
-    else:
-        threshold = torch.tensor(-torch.inf, dtype=DECIDE, device=live.device)
-    best = screened.amax(1)  # one pass; only rows holding a candidate are compared
-    hot = (best >= _at_most(threshold, screened.dtype)).nonzero()[:, 0]
-    at_row, at_col = (screened[hot] >= _at_most(threshold, screened.dtype)).nonzero().unbind(1)
-    at_row = hot[at_row]
+    at_row, at_col = _candidates(screened, tau, k, error)
     positions, cols = at_row + rows.start, live[at_col]
-    exact = _decide(search, positions, cols)
-    return exact, search.rows.order[positions] * n + search.cols.order[cols]
+    exact = _decide(search.a_decide, search.b_decide, positions, cols)
+    return exact, search.rows.order[positions] * len(search.cols.order) + search.cols.order[cols]
 
 
-@torch.no_grad()
-def largest_per_row(
-    A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], k: int, row_leaf: int = LEAF
-) -> tuple[Float[Tensor, "m k"], Int[Tensor, "m k"]]:
-    """Each row's ``k`` largest entries of ``A @ B`` (float64, descending; equal values by column)
-    and their columns, exactly (see the module docstring); ``row_leaf`` rows at a time."""
-    search = _prepare(A, B, row_leaf)
-    values = torch.empty(A.shape[0], k, dtype=DECIDE, device=A.device)
-    cols = torch.empty(A.shape[0], k, dtype=torch.long, device=A.device)
-    starts = search.rows.starts
-    for start, end in zip(starts, starts[1:], strict=False):
-        found = _row_leaf_best(search, slice(start, end), k)
-        values[search.rows.order[start:end]], cols[search.rows.order[start:end]] = found
-    return values, cols
-
-
-def _row_leaf_best(search: _Search, rows: slice, k: int) -> tuple[Tensor, Tensor]:
-    """The ``k`` best entries of each row of one row leaf: the columns of the best-bounded column
-    leaves first, which give each row a ``tau``; then every column leaf whose bound reaches it.
-    A row's candidates are its entries within ``2 error`` of the larger of the two blocks'
-    ``k``-th best (each block's ``k`` best beat anything below that by more than the error)."""
-    bounds = _bounds(search, rows)
-    first = _first_leaves(search, bounds.amax(0), k)
-    parts = [(_columns(search, first),)]
-    parts[0] += (_screen(search, rows, parts[0][0]),)
-    error = search.gamma * search.rows.norm[rows] * search.cols.norm.max()
-    kth = _kth(parts[0][1], k).to(DECIDE)
-    n = len(search.cols.order)
-    live = ((bounds >= (kth - error)[:, None]) & ~first).any(0)
-    more = _columns(search, live) if len(parts[0][0]) < n else live.new_empty(0, dtype=torch.long)
-    if len(more) == n:  # nearly every column: screen them all, once
-        parts = [(more, _screen(search, rows, more))]
-        kth = _kth(parts[0][1], k).to(DECIDE)
-    elif more.numel():
-        parts.append((more, _screen(search, rows, more, parts[0][1].numel())))
-        if more.numel() >= k:
-            kth = kth.maximum(_kth(parts[1][1], k).to(DECIDE))
-    threshold = _at_most(kth - 2 * error, parts[0][1].dtype)
-    found = [
-        (at_row, cols[at_col])
-        for cols, screened in parts
-        for at_row, at_col in [(screened >= threshold[:, None]).nonzero().unbind(1)]
-    ]
-    at_row, at_col = (torch.cat(x) for x in zip(*found, strict=True))
-    exact = _decide(search, at_row + rows.start, at_col)
-    return _ranked_per_row(at_row, search.cols.order[at_col], exact, rows.stop - rows.start, k)
-
-
-def _first_leaves(search: _Search, bound: Float[Tensor, "L"], k: int) -> Tensor:
-    """The best-bounded column leaves holding at least ``max(k, FIRST_COLUMNS)`` columns."""
-    sizes = torch.tensor(search.cols.starts, device=bound.device).diff()
-    order = bound.argsort(descending=True)
-    count = int((sizes[order].cumsum(0) < max(k, FIRST_COLUMNS)).sum()) + 1
-    first = torch.zeros(len(sizes), dtype=torch.bool, device=bound.device)
-    first[order[:count]] = True
-    return first
-
-
-def _ranked_per_row(
-    row: Int[Tensor, "c"], col: Int[Tensor, "c"], value: Float[Tensor, "c"], b: int, k: int
-) -> tuple[Float[Tensor, "b k"], Int[Tensor, "b k"]]:
-    """Per row (each with at least ``k`` candidates), the first ``k`` by value, equal values by column."""
-    order = col.argsort(stable=True)
-    order = order[value[order].argsort(descending=True, stable=True)]
-    order = order[row[order].argsort(stable=True)]
-    counts = torch.bincount(row, minlength=b)
-    take = (counts.cumsum(0) - counts)[:, None] + torch.arange(k, device=row.device)
-    return value[order][take], col[order][take]
+def _streamed(A: Float[Tensor, "m r"], basis: _Basis, k: int, block_rows: int) -> tuple[Tensor, Tensor]:
+    """The exhaustive search: ``block_rows`` rows of the product at a time, screened into one
+    reused buffer, each block's candidates (:func:`_candidates`) decided in float64."""
+    a, b = basis.a, basis.b
+    m, n = a.shape[0], b.shape[1]
+    screen, gamma = _screening(A)
+    a_screen, b_screen, b_decide = A.detach().to(screen), b.to(screen), b.mT.contiguous()
+    row_norm, col_norm = a.norm(dim=1), b.norm(dim=0).max()
+    buffer = torch.empty(min(block_rows, m), n, dtype=screen, device=a.device)
+    values, index = a.new_empty(0), torch.empty(0, dtype=torch.long, device=a.device)
+    for start in range(0, m, block_rows):
+        end = min(start + block_rows, m)
+        screened = torch.matmul(a_screen[start:end], b_screen, out=buffer[: end - start])
+        tau = float(values[-1]) if len(values) == k else -torch.inf
+        at_row, at_col = _candidates(screened, tau, k, gamma * row_norm[start:end].max() * col_norm)
+        exact = _decide(a, b_decide, at_row + start, at_col)
+        found = (at_row + start) * n + at_col
+        values, index = _ranked(torch.cat([values, exact]), torch.cat([index, found]), k)
+    return values, index
