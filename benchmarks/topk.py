@@ -1,6 +1,9 @@
-"""The pruned top-k search (qkov.topk) against the exhaustive streamed search it replaced, side by
-side in one run, on one 50257 x 50257 full circuit of rank 64 (one head's OV circuit at the
-paper's shape), for a trained-like and a flat spectrum.
+"""FactoredMatrix.topk (pruned where the bounds promise it pays, else streamed: qkov.topk) and
+topk_per_row (streamed into preallocated outputs) against the exhaustive searches of the branch
+point, side by side in one run, at 1 and 2 threads, on one 50257 x 50257 full circuit of rank 64
+(one head's OV circuit at the paper's shape), for a trained-like and a flat spectrum; ``--sweep``
+times the pruned and the streamed global search, each forced, on spectra between the two (what
+``qkov.topk.LIVE_LIMIT`` is set from).
 
 The exhaustive search is the code of commit ``BEFORE`` (``git show BEFORE:src/qkov/linalg.py``,
 imported from a file). Spectra, built from Gaussian ``X [m, r]``, ``Y [n, r]`` and log-normal
@@ -12,8 +15,9 @@ norms ``alpha_i, beta_j = exp(0.5 N(0, 1))``:
 - flat: ``A = X``, ``B = Y^T`` with every row of ``X`` and of ``Y`` scaled to norm 1 (equal
   singular values in expectation, equal norms: nothing for a bound to prune, the adversarial case).
 
-    flock /tmp/qkov-heavy.lock python benchmarks/topk.py            # about 2 minutes
+    flock /tmp/qkov-heavy.lock python benchmarks/topk.py            # about 4 minutes
     python benchmarks/topk.py --vocab 20000 --per-row-rows 4000      # a quicker look
+    flock /tmp/qkov-heavy.lock python benchmarks/topk.py --vocab 20000 --sweep --threads 1
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 
@@ -72,52 +77,77 @@ def matmul_rate(n: int, r: int) -> float:
     return 2 * 128 * r * n * repeats / (time.perf_counter() - started) / 1e9
 
 
-def screened(search, *args):
-    """``(result, seconds, peak extra bytes, entries screened)`` of ``search(*args)``."""
-    count = 0
-    screen = pruned._screen
+def counted(search, *args):
+    """``(result, seconds, peak extra bytes, entries screened by pruning, streamed?)`` of
+    ``search(*args)``."""
+    count, screen, stream = 0, pruned._screen, pruned._streamed
+    was_streamed = False
 
-    def counted(s, rows, cols, *offset):
+    def counting(s, rows, cols, *offset):
         nonlocal count
         count += (rows.stop - rows.start) * len(cols)
         return screen(s, rows, cols, *offset)
 
-    pruned._screen = counted
+    def streaming(*a):
+        nonlocal was_streamed
+        was_streamed = True
+        return stream(*a)
+
+    pruned._screen, pruned._streamed = counting, streaming
     try:
         result, seconds, peak = measure(lambda: search(*args))
     finally:
-        pruned._screen = screen
-    return result, seconds, peak, count
+        pruned._screen, pruned._streamed = screen, stream
+    return result, seconds, peak, count, was_streamed
 
 
 def compare_topk(before, A, B, k: int, floor: float) -> None:
     old, t_old, m_old = measure(lambda: before.FactoredMatrix(A, B).topk(k))
-    (values, index), t_new, m_new, count = screened(pruned.largest_entries, A, B, k)
-    new = FactoredMatrix(A, B).topk(k)  # the public method: the same search, checked to agree
-    same = torch.equal(new.rows * B.shape[1] + new.cols, index)
-    agree = torch.equal(old.rows * B.shape[1] + old.cols, index)
-    diff = float((old.values.double() - values).abs().max())
+    new, t_new, m_new, count, streamed = counted(lambda: FactoredMatrix(A, B).topk(k))
+    agree = torch.equal(old.rows * B.shape[1] + old.cols, new.rows * B.shape[1] + new.cols)
+    diff = float((old.values.double() - new.values.double()).abs().max())
+    how = "streamed" if streamed else f"pruned, screened {count / A.shape[0] / B.shape[1]:.4%}"
     print(
-        f"  top-{k}: exhaustive {t_old:6.2f} s {m_old / 2**20:6.0f} MiB | pruned {t_new:6.2f} s "
-        f"{m_new / 2**20:5.0f} MiB | {t_old / t_new:5.1f}x; floor {floor:.2f} s; screened "
-        f"{count / A.shape[0] / B.shape[1]:.4%}; same entries: {agree} (values within {diff:.1e}), "
-        f"FactoredMatrix.topk: {same}"
+        f"  top-{k}: exhaustive {t_old:6.2f} s {m_old / 2**20:6.0f} MiB | new {t_new:6.2f} s "
+        f"{m_new / 2**20:5.0f} MiB | {t_old / t_new:5.2f}x; floor {floor:.2f} s; {how}; same entries: "
+        f"{agree} (values within {diff:.1e})"
     )
 
 
-def compare_per_row(before, A, B, k: int, rows: int, floor: float) -> None:
+def compare_per_row(before, A, B, k: int, rows: int) -> None:
     """Per-row top-k in float64 (as the skip-trigram search reads its circuits), first ``rows`` rows."""
     a, b = A[:rows].double(), B.double()
     (v_old, c_old), t_old, m_old = measure(lambda: before.FactoredMatrix(a, b).topk_per_row(k))
-    (v_new, c_new), t_new, m_new, count = screened(pruned.largest_per_row, a, b, k)
-    agree = torch.equal(c_old, c_new)
-    diff = float((v_old - v_new).abs().max())
+    (v_new, c_new), t_new, m_new = measure(lambda: FactoredMatrix(a, b).topk_per_row(k))
     print(
         f"  per-row top-{k}, float64, {rows} rows: exhaustive {t_old:6.2f} s {m_old / 2**20:6.0f} MiB | "
-        f"pruned {t_new:6.2f} s {m_new / 2**20:5.0f} MiB | {t_old / t_new:5.1f}x; fp32 floor "
-        f"{floor * rows / A.shape[0]:.2f} s; screened {count / rows / B.shape[1]:.2%}; same columns: "
-        f"{agree} (values within {diff:.1e})"
+        f"new {t_new:6.2f} s {m_new / 2**20:5.0f} MiB | {t_old / t_new:5.2f}x; same columns and values: "
+        f"{torch.equal(c_old, c_new) and torch.equal(v_old, v_new)}"
     )
+
+
+def sweep(V: int, r: int, k: int) -> None:
+    """Unit-norm Gaussian factors, singular values ``s_i = i^-e`` and log-normal norms
+    ``exp(sigma N(0, 1))``: the pruned and the streamed search, each forced, and the choice made."""
+    gen = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(V, r, generator=gen), torch.randn(V, r, generator=gen)
+    X, Y = X / X.norm(dim=1, keepdim=True), Y / Y.norm(dim=1, keepdim=True)
+    za, zb = torch.randn(V, 1, generator=gen), torch.randn(1, V, generator=gen)
+    spectra = [(0, 0), (0, 0.25), (0, 0.3), (0, 0.4), (0.6, 0), (0.7, 0), (0.8, 0), (0.9, 0), (1.5, 0.5)]
+    for e, sigma in spectra:
+        root = torch.arange(1, r + 1, dtype=torch.float32) ** (-e / 2)
+        A, B = (sigma * za).exp() * X * root, ((Y * root).mT * (sigma * zb).exp()).contiguous()
+        times = {}
+        for name, limit in (("pruned", torch.inf), ("streamed", -torch.inf), ("chosen", pruned.LIVE_LIMIT)):
+            with patch.object(pruned, "LIVE_LIMIT", limit):
+                _, times[name], _, count, streamed = counted(pruned.largest_entries, A, B, k, 128, 83)
+            if name == "pruned":
+                fraction = count / V / V
+        print(
+            f"  s_i = i^-{e}, sigma {sigma}: pruned screens {fraction:6.1%} {times['pruned']:5.2f} s | "
+            f"streamed {times['streamed']:5.2f} s | {times['streamed'] / times['pruned']:4.2f}x | chosen: "
+            f"{'streamed' if streamed else 'pruned'} {times['chosen']:5.2f} s"
+        )
 
 
 def main() -> None:
@@ -127,24 +157,28 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=100)
     parser.add_argument("--per-row-k", type=int, default=50)
     parser.add_argument("--per-row-rows", type=int, default=8192)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     V, r = args.vocab, args.d_head
-    rate = matmul_rate(V, r)
-    floor = 2 * V * V * r / rate / 1e9
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
-        f"{os.getloadavg()[0]:.1f}; fp32 matmul {rate:.0f} GFLOP/s (128 x {r} x {V})"
-    )
-    print(f"one {V} x {V} circuit of rank {r}: the exhaustive floor at this rate is {floor:.2f} s")
     before = exhaustive_module()
-    for kind in ("trained-like", "flat"):
-        A, B = factors(kind, V, V, r)
-        print(kind)
-        compare_topk(before, A, B, args.k, floor)
-        compare_per_row(before, A, B, args.per_row_k, min(args.per_row_rows, V), floor)
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        rate = matmul_rate(V, r)
+        floor = 2 * V * V * r / rate / 1e9
+        print(
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
+            f"{os.getloadavg()[0]:.1f}; fp32 matmul {rate:.0f} GFLOP/s (128 x {r} x {V}); "
+            f"exhaustive floor {floor:.2f} s"
+        )
+        if args.sweep:
+            sweep(V, r, args.k)
+            continue
+        for kind in ("trained-like", "flat"):
+            A, B = factors(kind, V, V, r)
+            print(kind)
+            compare_topk(before, A, B, args.k, floor)
+            compare_per_row(before, A, B, args.per_row_k, min(args.per_row_rows, V))
     print(f"fp32 matmul afterwards: {matmul_rate(V, r):.0f} GFLOP/s, load average {os.getloadavg()[0]:.1f}")
 
 

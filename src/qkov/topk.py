@@ -16,8 +16,17 @@ Bound, then compute what the bound cannot rule out (branch and bound):
   max_J ||tail_j|| + slack`` (one small matmul for a whole leaf of rows).
 - *search*: row leaves in order of their best bound; a leaf's rows are multiplied (float32) only
   with the column leaves whose bound reaches the current ``k``-th best value ``tau``, and the
-  search stops when no bound does. A flat spectrum prunes little, and the cost falls back to the
-  exhaustive product plus bounds that cost ``LEAD / d_head`` of it.
+  search stops when no bound does.
+- *fallback*: a flat spectrum, or flat norms, prune little, and screening leaf by leaf (gathered
+  columns, bounds, per-leaf passes) costs more per entry than streaming the product. So before any
+  of it, a first ``tau`` (the ``k``-th best entry between the rows and columns of the largest
+  norms: a lower bound on the answer's) is held against bounds, and the product is streamed
+  whole, in cache-sized row blocks screened and decided as below, when the search would screen
+  more than :data:`LIVE_LIMIT` (30%) of the entries: first as :data:`SAMPLE_ROWS` rows estimate
+  it against the column leaves (before the row leaves are built), then as every row leaf's bounds
+  say. Measured (``benchmarks/README.md``, 20000 x 20000 at rank 64, 1 thread), the pruned search
+  breaks even with streaming when it screens 30-50% of the entries: 1.5x faster at 10-15%, 0.8x
+  at 70-100%; a trained-like spectrum screens 0.2%, the flat one 100%.
 
 Precision, and the error bounds that make it exact:
 
@@ -49,8 +58,9 @@ ROOT_CUTOFF = 1e-10  # Gram eigenvalues below this fraction of the largest: a di
 BOUND_ROWS = 4096  # rows whose bounds are computed at once (4096 x 393 leaves: 13 MiB)
 DECIDE_CHUNK = 16384  # candidates decided at once: 2 x 8 MiB of gathered float64 rows at r = 64
 DENSE_FRACTION = 0.5
-LIVE_LIMIT = 0.25  # the pruned search only if it expects to screen at most this fraction (measured)
+LIVE_LIMIT = 0.3  # pruned only where it expects to screen at most this fraction (break-even: 0.3-0.5)
 SAMPLE = 64  # rows and columns of the largest norms whose entries give a first k-th best
+SAMPLE_ROWS = 256  # rows whose bounds against every column estimate what the search would screen
 SCREEN = torch.float32
 UNIT_ROUNDOFF = 2.0**-24  # of SCREEN
 DECIDE = torch.float64
@@ -190,11 +200,14 @@ def _gamma(n: int, unit: float) -> float:
     return n * unit / (1 - n * unit)
 
 
-def _prepare(A: Float[Tensor, "m r"], basis: _Basis, row_leaf: int) -> _Search:
-    """Both sides' leaves and the factors in leaf order (see the module docstring)."""
-    a, b, P, Q, row_slack, col_slack = basis
-    rows = _leaves(P, row_slack, a.norm(dim=1), row_leaf)
-    cols = _leaves(Q, col_slack, b.norm(dim=0), LEAF)
+def _column_leaves(basis: _Basis) -> _Leaves:
+    return _leaves(basis.Q, basis.col_slack, basis.b.norm(dim=0), LEAF)
+
+
+def _prepare(A: Float[Tensor, "m r"], basis: _Basis, cols: _Leaves, row_leaf: int) -> _Search:
+    """The row leaves and the factors in leaf order (see the module docstring)."""
+    a, b = basis.a, basis.b
+    rows = _leaves(basis.P, basis.row_slack, a.norm(dim=1), row_leaf)
     a, b = a[rows.order], b.mT[cols.order]
     screen, gamma = _screening(A)
     buffer = torch.empty(row_leaf * b.shape[0], dtype=screen, device=b.device)
@@ -215,9 +228,22 @@ def _screen_is_ieee(device: torch.device) -> bool:
 
 def _bounds(search: _Search, rows: slice) -> Float[Tensor, "b L"]:
     """An upper bound on each row's entries in each column leaf."""
-    lead, cols = search.rows.lead[rows], search.cols
-    terms = torch.cat([lead.clamp_min(0), (-lead).clamp_min(0), search.rows.slack[rows]], 1)
-    return terms @ cols.box
+    return _row_bounds(search.rows.lead[rows], search.rows.slack[rows], search.cols)
+
+
+def _row_bounds(lead: Float[Tensor, "b p"], slack: Float[Tensor, "b 3"], cols: _Leaves) -> Tensor:
+    """An upper bound on the entries of the rows of singular coordinates ``lead`` (and ``slack``) in
+    each column leaf."""
+    return torch.cat([lead.clamp_min(0), (-lead).clamp_min(0), slack], 1) @ cols.box
+
+
+def _screened(reach: Float[Tensor, "b L"], cols: _Leaves) -> Float[Tensor, "b"]:
+    """How many columns a row (leaf) screens when ``reach`` (0 or 1) marks the column leaves whose
+    bound reaches ``tau``: all of them past ``DENSE_FRACTION`` (see :func:`_columns`)."""
+    sizes = torch.tensor(cols.starts, dtype=reach.dtype, device=reach.device).diff()
+    n = float(sizes.sum())
+    screened = reach @ sizes
+    return torch.where(screened > DENSE_FRACTION * n, n, screened)
 
 
 def _columns(search: _Search, live: Tensor) -> Int[Tensor, "c"]:
@@ -277,16 +303,16 @@ def largest_entries(
     index) and their row-major indices, exactly (see the module docstring).
 
     Pruned (``row_leaf`` rows screened at a time) only where the bounds promise to skip most of
-    the product: a first ``tau`` (:func:`_first_tau`) against the tails alone, then against the
-    leaves' bounds, must leave at most :data:`LIVE_LIMIT` of the entries to screen; otherwise the
+    the product: a first ``tau`` (:func:`_first_tau`) against a sample of rows' bounds, then against
+    the leaves' bounds, must leave at most :data:`LIVE_LIMIT` of the entries to screen; otherwise the
     product is streamed, ``block_rows`` rows at a time (:func:`_streamed`), which costs what the
     exhaustive search costs."""
     a, b = A.detach().to(DECIDE), B.detach().to(DECIDE)
     basis = _Basis(a, b, *_basis(a, b))
-    tau = _first_tau(basis, k)
-    if _tail_live(basis, tau) > LIVE_LIMIT:
+    tau, cols = _first_tau(basis, k), _column_leaves(basis)
+    if _sampled_live(basis, cols, tau) > LIVE_LIMIT:
         return _streamed(A, basis, k, block_rows)
-    search = _prepare(A, basis, row_leaf)
+    search = _prepare(A, basis, cols, row_leaf)
     leaf_bound, live = _leaf_bounds(search, tau)
     if live > LIVE_LIMIT:
         return _streamed(A, basis, k, block_rows)
@@ -305,15 +331,15 @@ def _first_tau(basis: _Basis, k: int) -> float:
     return float(_kth((basis.a[rows] @ basis.b[:, cols]).flatten(), k))
 
 
-def _tail_live(basis: _Basis, tau: float) -> float:
-    """The fraction of entries whose tail term alone (``||tail_i|| ||tail_j||``, a part of every
-    bound on a leaf holding column ``j``) reaches ``tau``: the search screens at least these."""
+def _sampled_live(basis: _Basis, cols: _Leaves, tau: float) -> float:
+    """The fraction of entries that :data:`SAMPLE_ROWS` evenly spaced rows would screen against
+    ``tau`` each on its own (a row leaf screens the union of its rows' live column leaves: more)."""
     if tau == -math.inf:
         return 1.0
-    row_tail, col_tail = basis.row_slack[:, 0], basis.col_slack[:, 0].sort().values
-    need = tau / row_tail.clamp_min(torch.finfo(DECIDE).tiny)
-    above = len(col_tail) - torch.searchsorted(col_tail, need.clamp_min(0).contiguous())
-    return float(above.sum()) / (len(row_tail) * len(col_tail))
+    m = len(basis.P)
+    rows = torch.arange(0, m, max(1, m // SAMPLE_ROWS), device=basis.P.device)
+    reach = _row_bounds(basis.P[rows, :LEAD], basis.row_slack[rows], cols) >= tau
+    return float(_screened(reach.to(DECIDE), cols).mean()) / len(cols.order)
 
 
 def _leaf_bounds(search: _Search, tau: float) -> tuple[Float[Tensor, "L"], float]:
@@ -330,12 +356,9 @@ def _leaf_bounds(search: _Search, tau: float) -> tuple[Float[Tensor, "L"], float
         leaf_of = rows.leaf_of[start : start + BOUND_ROWS, None].expand(-1, bounds.shape[1])
         reach.scatter_reduce_(0, leaf_of, (bounds >= tau).to(DECIDE), "amax")
     leaf_bound = _per_part(best[:, None], rows.leaf_of, parts, "amax")[:, 0]
-    col_sizes = torch.tensor(cols.starts, dtype=DECIDE, device=best.device).diff()
-    screened = reach @ col_sizes
-    n = float(col_sizes.sum())
-    screened = torch.where(screened > DENSE_FRACTION * n, n, screened) * (leaf_bound >= tau)
+    screened = _screened(reach, cols) * (leaf_bound >= tau)
     row_sizes = torch.tensor(rows.starts, dtype=DECIDE, device=best.device).diff()
-    return leaf_bound, float(screened @ row_sizes) / (len(rows.order) * n)
+    return leaf_bound, float(screened @ row_sizes) / (len(rows.order) * len(cols.order))
 
 
 def _pruned(search: _Search, leaf_bound: Float[Tensor, "L"], k: int) -> tuple[Tensor, Tensor]:
@@ -357,8 +380,9 @@ def _candidates(screened: Float[Tensor, "b c"], tau: float, k: int, error: Tenso
     ``k`` are held, be among the block's ``k`` best), ``error`` bounding the screening error."""
     if tau > -torch.inf:
         threshold = tau - error
-    elif screened.numel() >= k:
-        threshold = _kth(screened.flatten(), k).to(DECIDE) - 2 * error
+    elif screened.numel() >= k:  # each row's best first: cheaper than one top-k of the whole block
+        best = screened.topk(min(k, screened.shape[1]), dim=1).values
+        threshold = _kth(best.flatten(), k).to(DECIDE) - 2 * error
     else:
         threshold = error.new_tensor(-torch.inf)
     threshold = _at_most(threshold, screened.dtype)
