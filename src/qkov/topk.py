@@ -303,13 +303,17 @@ def largest_entries(
     index) and their row-major indices, exactly (see the module docstring).
 
     Pruned (``row_leaf`` rows screened at a time) only where the bounds promise to skip most of
-    the product: a first ``tau`` (:func:`_first_tau`) against a sample of rows' bounds, then against
-    the leaves' bounds, must leave at most :data:`LIVE_LIMIT` of the entries to screen; otherwise the
-    product is streamed, ``block_rows`` rows at a time (:func:`_streamed`), which costs what the
-    exhaustive search costs."""
+    the product: against a first ``tau`` (:func:`_first_tau`), sampled rows' bounds on entries
+    (:func:`_pointwise_live`), then on column leaves (:func:`_sampled_live`), then every row
+    leaf's bounds (:func:`_leaf_bounds`), cheapest first, must each leave at most
+    :data:`LIVE_LIMIT` of the entries to screen; otherwise the product is streamed, ``block_rows``
+    rows at a time (:func:`_streamed`), at the cost of the exhaustive search."""
     a, b = A.detach().to(DECIDE), B.detach().to(DECIDE)
     basis = _Basis(a, b, *_basis(a, b))
-    tau, cols = _first_tau(basis, k), _column_leaves(basis)
+    tau = _first_tau(basis, k)
+    if _pointwise_live(basis, tau) > LIVE_LIMIT:
+        return _streamed(A, basis, k, block_rows)
+    cols = _column_leaves(basis)
     if _sampled_live(basis, cols, tau) > LIVE_LIMIT:
         return _streamed(A, basis, k, block_rows)
     search = _prepare(A, basis, cols, row_leaf)
@@ -331,13 +335,28 @@ def _first_tau(basis: _Basis, k: int) -> float:
     return float(_kth((basis.a[rows] @ basis.b[:, cols]).flatten(), k))
 
 
-def _sampled_live(basis: _Basis, cols: _Leaves, tau: float) -> float:
-    """The fraction of entries that :data:`SAMPLE_ROWS` evenly spaced rows would screen against
-    ``tau`` each on its own (a row leaf screens the union of its rows' live column leaves: more)."""
+def _sampled_rows(basis: _Basis) -> Int[Tensor, "s"]:
+    """:data:`SAMPLE_ROWS` evenly spaced rows."""
+    m = len(basis.P)
+    return torch.arange(0, m, max(1, m // SAMPLE_ROWS), device=basis.P.device)
+
+
+def _pointwise_live(basis: _Basis, tau: float) -> float:
+    """The fraction of entries of the sampled rows whose lower bound on every leaf bound
+    (``lead_i . lead_j + slack_i . slack_j``: the box and slack maxima of a leaf holding column
+    ``j`` are at least column ``j``'s) reaches ``tau``: needs no leaves."""
     if tau == -math.inf:
         return 1.0
-    m = len(basis.P)
-    rows = torch.arange(0, m, max(1, m // SAMPLE_ROWS), device=basis.P.device)
+    rows = _sampled_rows(basis)
+    left = torch.cat([basis.P[rows, :LEAD], basis.row_slack[rows]], 1)
+    right = torch.cat([basis.Q[:, :LEAD], basis.col_slack], 1)
+    return float((left @ right.mT >= tau).to(DECIDE).mean())
+
+
+def _sampled_live(basis: _Basis, cols: _Leaves, tau: float) -> float:
+    """The fraction of entries that the sampled rows would screen against ``tau``, each on its own
+    (a row leaf screens the union of its rows' live column leaves: more)."""
+    rows = _sampled_rows(basis)
     reach = _row_bounds(basis.P[rows, :LEAD], basis.row_slack[rows], cols) >= tau
     return float(_screened(reach.to(DECIDE), cols).mean()) / len(cols.order)
 
@@ -375,18 +394,21 @@ def _pruned(search: _Search, leaf_bound: Float[Tensor, "L"], k: int) -> tuple[Te
     return values, index
 
 
-def _candidates(screened: Float[Tensor, "b c"], tau: float, k: int, error: Tensor) -> tuple[Tensor, Tensor]:
+def _candidates(
+    screened: Float[Tensor, "b c"], best: Float[Tensor, "b"], tau: float, k: int, error: Tensor
+) -> tuple[Tensor, Tensor]:
     """Positions ``(row, column)`` in ``screened`` of every entry that can beat ``tau`` (or, before
-    ``k`` are held, be among the block's ``k`` best), ``error`` bounding the screening error."""
+    ``k`` are held, be among the block's ``k`` best), ``error`` bounding the screening error;
+    ``best`` holds each row's largest (only rows holding a candidate are compared)."""
     if tau > -torch.inf:
         threshold = tau - error
     elif screened.numel() >= k:  # each row's best first: cheaper than one top-k of the whole block
-        best = screened.topk(min(k, screened.shape[1]), dim=1).values
-        threshold = _kth(best.flatten(), k).to(DECIDE) - 2 * error
+        each = screened.topk(min(k, screened.shape[1]), dim=1).values
+        threshold = _kth(each.flatten(), k).to(DECIDE) - 2 * error
     else:
         threshold = error.new_tensor(-torch.inf)
     threshold = _at_most(threshold, screened.dtype)
-    hot = (screened.amax(1) >= threshold).nonzero()[:, 0]  # one pass; only rows holding a candidate
+    hot = (best >= threshold).nonzero()[:, 0]
     at_row, at_col = (screened[hot] >= threshold).nonzero().unbind(1)
     return hot[at_row], at_col
 
@@ -399,7 +421,7 @@ def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int) -> tuple[
         return search.a_decide.new_empty(0), live
     screened = _screen(search, rows, live)
     error = search.gamma * search.rows.norm[rows].max() * search.cols.norm[live].max()
-    at_row, at_col = _candidates(screened, tau, k, error)
+    at_row, at_col = _candidates(screened, screened.amax(1), tau, k, error)
     positions, cols = at_row + rows.start, live[at_col]
     exact = _decide(search.a_decide, search.b_decide, positions, cols)
     return exact, search.rows.order[positions] * len(search.cols.order) + search.cols.order[cols]
@@ -407,20 +429,29 @@ def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int) -> tuple[
 
 def _streamed(A: Float[Tensor, "m r"], basis: _Basis, k: int, block_rows: int) -> tuple[Tensor, Tensor]:
     """The exhaustive search: ``block_rows`` rows of the product at a time, screened into one
-    reused buffer, each block's candidates (:func:`_candidates`) decided in float64."""
+    reused buffer; a block whose largest entry is below ``tau`` by more than its screening error
+    is passed over (one pass, as the exhaustive search's row maxima), the others' candidates
+    (:func:`_candidates`) decided in float64."""
     a, b = basis.a, basis.b
     m, n = a.shape[0], b.shape[1]
     screen, gamma = _screening(A)
     a_screen, b_screen, b_decide = A.detach().to(screen), b.to(screen), b.mT.contiguous()
-    row_norm, col_norm = a.norm(dim=1), b.norm(dim=0).max()
+    col_norm = float(b.norm(dim=0).max())
+    errors = [gamma * col_norm * float(rows.max()) for rows in a.norm(dim=1).split(block_rows)]
     buffer = torch.empty(min(block_rows, m), n, dtype=screen, device=a.device)
     values, index = a.new_empty(0), torch.empty(0, dtype=torch.long, device=a.device)
-    for start in range(0, m, block_rows):
-        end = min(start + block_rows, m)
-        screened = torch.matmul(a_screen[start:end], b_screen, out=buffer[: end - start])
-        tau = float(values[-1]) if len(values) == k else -torch.inf
-        at_row, at_col = _candidates(screened, tau, k, gamma * row_norm[start:end].max() * col_norm)
+    tau = -math.inf
+    for start, error in zip(range(0, m, block_rows), errors, strict=True):
+        rows = a_screen[start : start + block_rows]
+        screened = torch.matmul(rows, b_screen, out=buffer[: len(rows)])
+        best = screened.amax(1)  # the one pass over the block, as the exhaustive search's
+        if tau > -math.inf and float(best.max()) < tau - error:
+            continue  # no entry can beat tau (_candidates keeps x >= tau - error, nothing else)
+        at_row, at_col = _candidates(
+            screened, best, tau, k, torch.tensor(error, dtype=DECIDE, device=a.device)
+        )
         exact = _decide(a, b_decide, at_row + start, at_col)
         found = (at_row + start) * n + at_col
         values, index = _ranked(torch.cat([values, exact]), torch.cat([index, found]), k)
+        tau = float(values[-1]) if len(values) == k else -math.inf
     return values, index
