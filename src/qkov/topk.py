@@ -22,11 +22,12 @@ Bound, then compute what the bound cannot rule out (branch and bound):
   of it, a first ``tau`` (the ``k``-th best entry between the rows and columns of the largest
   norms: a lower bound on the answer's) is held against bounds, and the product is streamed
   whole, in cache-sized row blocks screened and decided as below, when the search would screen
-  more than :data:`LIVE_LIMIT` (30%) of the entries: first as :data:`SAMPLE_ROWS` rows estimate
-  it against the column leaves (before the row leaves are built), then as every row leaf's bounds
-  say. Measured (``benchmarks/README.md``, 20000 x 20000 at rank 64, 1 thread), the pruned search
-  breaks even with streaming when it screens 30-50% of the entries: 1.5x faster at 10-15%, 0.8x
-  at 70-100%; a trained-like spectrum screens 0.2%, the flat one 100%.
+  more than :data:`LIVE_LIMIT` (20%) of the entries: as sampled rows' bounds on entries say
+  (no leaves needed), then as the sampled rows' bounds on the column leaves say (before the row
+  leaves are built), then as every row leaf's bounds say. Measured (``benchmarks/topk.py
+  --sweep``, 20000 x 20000 at rank 64, 1 thread), the pruned search breaks even with streaming
+  when it screens about 20% of the entries: 1.3x faster at 6-10%, 1.9x at 0.5%, 0.6-0.9x at
+  30-100%; a trained-like spectrum at 50257 x 50257 screens 0.2%, a flat one 100%.
 
 Precision, and the error bounds that make it exact:
 
@@ -58,7 +59,7 @@ ROOT_CUTOFF = 1e-10  # Gram eigenvalues below this fraction of the largest: a di
 BOUND_ROWS = 4096  # rows whose bounds are computed at once (4096 x 393 leaves: 13 MiB)
 DECIDE_CHUNK = 16384  # candidates decided at once: 2 x 8 MiB of gathered float64 rows at r = 64
 DENSE_FRACTION = 0.5
-LIVE_LIMIT = 0.3  # pruned only where it expects to screen at most this fraction (break-even: 0.3-0.5)
+LIVE_LIMIT = 0.2  # pruned only where it expects to screen at most this fraction (the break-even)
 SAMPLE = 64  # rows and columns of the largest norms whose entries give a first k-th best
 SAMPLE_ROWS = 256  # rows whose bounds against every column estimate what the search would screen
 SCREEN = torch.float32
