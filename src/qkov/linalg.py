@@ -30,9 +30,10 @@ from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
 from qkov.errors import QkovError
+from qkov.topk import LEAF, largest_entries
 
-DEFAULT_MEMORY_BYTES = 2**30  # the top-k streaming budget: at most about 1 GiB of product entries at once
-BLOCK_BYTES = 16 * 2**20  # the block actually used when the budget allows: it stays in cache
+DEFAULT_MEMORY_BYTES = 2**30  # the top-k budget: at most about 1 GiB of product entries at once
+BLOCK_BYTES = 16 * 2**20  # a block of streamed rows that stays in cache (larger blocks are slower)
 # The Gram matrix of a float32 outer factor is formed in float64, whose square-root error (sqrt(eps_64)
 # = 1.5e-8) is below float32 rounding: see outer_root.
 WIDER = {torch.float32: torch.float64}
@@ -275,74 +276,62 @@ class FactoredMatrix:
         if self.m != self.n:
             raise QkovError(f"{what} needs a square matrix, got {self.m} x {self.n}")
 
-    # -- reading the largest entries, streamed -------------------------------------------------
-    def _rows_per_block(self, memory_bytes: int) -> int:
-        """Rows of the product computed at once: within ``memory_bytes``, and no more than about
-        16 MiB, a block that stays in cache (larger blocks are slower, not faster)."""
-        row_bytes = self.n * self.A.element_size()
-        return max(1, min(self.m, min(memory_bytes, BLOCK_BYTES) // row_bytes))
+    # -- reading the largest entries ---------------------------------------------------------
+    def _rows_per_block(self, memory_bytes: int, most: int) -> int:
+        """Rows of the product computed at once: within ``memory_bytes`` and ``most`` rows."""
+        return max(1, min(self.m, most, memory_bytes // (self.n * self.A.element_size())))
 
     @torch.no_grad()
     def topk(self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> TopK:
         """The ``k`` largest (or smallest) entries of ``A @ B`` over all rows and columns, per
-        matrix, sorted, with their row and column indices.
+        matrix, sorted, with their row and column indices; equal values in row-major order.
 
-        The product is computed a block of rows at a time into one reused buffer, never whole,
-        which reads a 50257 x 50257 OV circuit in a fixed amount of memory (no gradient flows
-        through it). Exact: once ``k``
-        candidates are held, a row can only contribute if its best entry beats the ``k``-th best
-        so far, so only such rows are searched.
+        Exact, and where the product's spectrum allows, most of the ``m x n`` entries are never
+        computed: bounds from its singular coordinates rule out whole blocks, the rest are screened
+        in float32 and the boundary cases decided in float64; where the bounds would rule out too
+        little (a flat spectrum), the product is streamed whole, its boundary cases decided in
+        float64 too (:func:`qkov.topk.largest_entries`, whose docstring states the rule and the
+        error bounds). Values are the float64 entries in this matrix's dtype. Memory: a block of at
+        most ``memory_bytes`` (and 128 rows) at a time, never the product.
         """
         if not 1 <= k <= self.m * self.n:
             raise QkovError(f"k must lie in [1, {self.m * self.n}], got {k}")
-        A = self.A.reshape(-1, self.m, self.r)
-        B = self.B.reshape(-1, self.r, self.n)
-        step = self._rows_per_block(memory_bytes)
-        buffer = torch.empty(step, self.n, dtype=self.dtype, device=self.A.device)
-        found = [self._topk_one(a, b, k, largest, buffer) for a, b in zip(A, B, strict=True)]
-        values = torch.stack([v for v, _ in found]).reshape(*self.batch_shape, k)
+        leaf = self._rows_per_block(memory_bytes, LEAF)
+        block = self._rows_per_block(min(memory_bytes, BLOCK_BYTES), self.m)
+        A = self.A.detach().reshape(-1, self.m, self.r)
+        B = self.B.detach().reshape(-1, self.r, self.n)
+        found = [largest_entries(a, b, k, leaf, block) for a, b in zip(A if largest else -A, B, strict=True)]
+        sign = 1 if largest else -1
+        values = torch.stack([sign * v for v, _ in found]).to(self.dtype).reshape(*self.batch_shape, k)
         index = torch.stack([i for _, i in found]).reshape(*self.batch_shape, k)
         return TopK(values, index // self.n, index % self.n)
-
-    def _topk_one(self, a: Tensor, b: Tensor, k: int, largest: bool, buffer: Tensor) -> tuple[Tensor, Tensor]:
-        best_values = torch.empty(0, dtype=self.dtype, device=buffer.device)
-        best_index = torch.empty(0, dtype=torch.long, device=buffer.device)
-        per_row = min(k, self.n)
-        for start in range(0, self.m, buffer.shape[0]):
-            rows_a = a[start : start + buffer.shape[0]]
-            block = buffer[: rows_a.shape[0]]
-            torch.matmul(rows_a, b, out=block)
-            if len(best_values) == k:
-                threshold = best_values[-1]
-                extreme = block.amax(-1) if largest else block.amin(-1)
-                rows = (extreme > threshold if largest else extreme < threshold).nonzero().squeeze(1)
-                if rows.numel() == 0:
-                    continue
-                values, cols = block[rows].topk(per_row, dim=-1, largest=largest)
-            else:
-                rows = torch.arange(block.shape[0], device=block.device)
-                values, cols = block.topk(per_row, dim=-1, largest=largest)
-            index = (start + rows)[:, None] * self.n + cols
-            values = torch.cat([best_values, values.reshape(-1)])
-            index = torch.cat([best_index, index.reshape(-1)])
-            keep = values.topk(min(k, values.numel()), largest=largest).indices
-            best_values, best_index = values[keep], index[keep]
-        return best_values, best_index
 
     @torch.no_grad()
     def topk_per_row(
         self, k: int, largest: bool = True, memory_bytes: int = DEFAULT_MEMORY_BYTES
     ) -> tuple[Float[Tensor, "... m k"], Int[Tensor, "... m k"]]:
         """For every row of ``A @ B``, its ``k`` largest (or smallest) entries and their columns
-        (for a QK circuit: the tokens each token most wants to attend to), streamed in row blocks."""
+        (for a QK circuit: the tokens each token most wants to attend to): each row of the product
+        as this dtype's matmul computes it, in ``torch.topk``'s order (equal values included).
+
+        Streamed a block of at most ``memory_bytes`` (and 16 MiB) at a time into one reused buffer,
+        the results written into the ``m x k`` outputs: those and the block are all it holds.
+        (Pruning does not pay here: each row's own ``k``-th best is a weak bound, and 65-75% of a
+        trained-like product's entries would still be screened; ``benchmarks/README.md``.)"""
         if not 1 <= k <= self.n:
             raise QkovError(f"k must lie in [1, {self.n}], got {k}")
-        step = self._rows_per_block(memory_bytes)
-        blocks = [
-            (self.A[..., start : start + step, :] @ self.B).topk(k, dim=-1, largest=largest)
-            for start in range(0, self.m, step)
-        ]
-        return torch.cat([b.values for b in blocks], dim=-2), torch.cat([b.indices for b in blocks], dim=-2)
+        step = self._rows_per_block(min(memory_bytes, BLOCK_BYTES), self.m)
+        A = self.A.detach().reshape(-1, self.m, self.r)
+        B = self.B.detach().reshape(-1, self.r, self.n)
+        values = torch.empty(len(A), self.m, k, dtype=self.dtype, device=self.A.device)
+        cols = torch.empty(len(A), self.m, k, dtype=torch.long, device=self.A.device)
+        buffer = torch.empty(step, self.n, dtype=self.dtype, device=self.A.device)
+        for a, b, v, c in zip(A, B, values, cols, strict=True):
+            for start in range(0, self.m, step):
+                rows = slice(start, start + step)
+                block = torch.matmul(a[rows], b, out=buffer[: len(v[rows])])
+                torch.topk(block, k, dim=-1, largest=largest, out=(v[rows], c[rows]))
+        return values.reshape(*self.batch_shape, self.m, k), cols.reshape(*self.batch_shape, self.m, k)
 
 
 def _chain(left: FactoredMatrix, right: FactoredMatrix) -> FactoredMatrix:
