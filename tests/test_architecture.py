@@ -4,7 +4,7 @@ screen, and importing the library loads neither the trainer nor the renderer.
 
 The layers, lowest first (``qkov.x`` is ``x``; a package stands for all its modules):
 
-0. foundations: errors, io, numbers, config, names, linalg, loss, machine, distributed, pickles,
+0. foundations: errors, io, numbers, config, names, linalg, topk, loss, machine, distributed, pickles,
    training_log
 1. the model, its files and the data it reads: model, checkpoint, data
 2. models in and out: interop, and the hand-written models whose answers are known (handbuilt)
@@ -25,7 +25,19 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "qkov"
 LAYERS = (
-    {"errors", "io", "numbers", "config", "names", "linalg", "loss", "machine", "distributed", "pickles"}
+    {
+        "errors",
+        "io",
+        "numbers",
+        "config",
+        "names",
+        "linalg",
+        "topk",
+        "loss",
+        "machine",
+        "distributed",
+        "pickles",
+    }
     | {"training_log"},
     {"model", "checkpoint", "data"},
     {"interop", "handbuilt"},
