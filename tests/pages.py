@@ -5,11 +5,14 @@ token string and synthetic training logs (the 2-layer one with a phase change ar
 from __future__ import annotations
 
 import base64
+import os
 import re
+import shutil
 import struct
 import zlib
 from pathlib import Path
 
+import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
@@ -36,3 +39,27 @@ def png_pixels(html: str, label: str) -> list[bytes]:
     rows = [raw[r * (3 * width + 1) : (r + 1) * (3 * width + 1)] for r in range(height)]
     assert all(row[0] == 0 for row in rows)  # no filter
     return [row[1:] for row in rows]
+
+
+def headless_chromium(window_size: str):
+    """A selenium driver of headless Chromium with its console log kept (a generator for a
+    fixture: it quits the browser after the module); skipped where Chromium is missing, a failure
+    in CI, whose ``make test`` installs it."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the browser test: make test installs chromium and chromium-driver")
+        pytest.skip("Chromium or chromedriver is not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={window_size}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.implicitly_wait(0)
+    yield driver
+    driver.quit()

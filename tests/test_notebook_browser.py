@@ -5,14 +5,12 @@ the other view alone, and the page logs no error. Screenshots go to test-artifac
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from pages import ARTIFACTS
+from pages import ARTIFACTS, headless_chromium
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -48,23 +46,7 @@ def notebook_page(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser():
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if chromium is None or driver_path is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the browser test: make test installs chromium and chromium-driver")
-        pytest.skip("Chromium or chromedriver is not installed (apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1100,1400"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    yield driver
-    driver.quit()
+    yield from headless_chromium("1100,1400")
 
 
 def _alphas(view) -> list[float]:

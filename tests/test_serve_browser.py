@@ -5,9 +5,7 @@ Screenshots are kept in test-artifacts/."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pages import headless_chromium
 from served import EVIL, explorer_checkpoint
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -56,24 +55,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if chromium is None or driver_path is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the browser test: make test installs chromium and chromium-driver")
-        pytest.skip("Chromium or chromedriver is not installed (apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1300,2400"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    driver.implicitly_wait(0)
-    yield driver
-    driver.quit()
+    yield from headless_chromium("1300,2400")
 
 
 def wait_for(driver, condition, what: str):
