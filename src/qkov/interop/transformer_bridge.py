@@ -68,21 +68,29 @@ def bridge_config(cfg: Config, dtype: torch.dtype):
     from transformer_lens import TransformerBridgeConfig
 
     return TransformerBridgeConfig(
-        n_layers=cfg.n_layers,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        d_head=cfg.d_head,
-        d_vocab=cfg.d_vocab,
-        n_ctx=cfg.n_ctx,
-        attn_only=not cfg.has_mlp,
-        d_mlp=cfg.d_mlp if cfg.has_mlp else None,
+        **shape_fields(cfg),
         act_fn=cfg.act_fn,
-        normalization_type=None if cfg.normalization == "none" else cfg.normalization,
-        eps=cfg.ln_eps,
         positional_embedding_type="standard",
         dtype=dtype,
         init_weights=False,  # every weight is loaded, strictly, right after
     )
+
+
+def shape_fields(cfg: Config) -> dict[str, Any]:
+    """The fields TransformerLens' configs (3.x ``HookedTransformerConfig``, 4.x
+    ``TransformerBridgeConfig``) share, from a qkov config."""
+    return {
+        "n_layers": cfg.n_layers,
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "d_head": cfg.d_head,
+        "d_vocab": cfg.d_vocab,
+        "n_ctx": cfg.n_ctx,
+        "attn_only": not cfg.has_mlp,
+        "d_mlp": cfg.d_mlp if cfg.has_mlp else None,
+        "normalization_type": None if cfg.normalization == "none" else cfg.normalization,
+        "eps": cfg.ln_eps,
+    }
 
 
 def boot_bridge(cfg: Config, state: dict[str, torch.Tensor]):

@@ -31,6 +31,7 @@ from qkov.interop.transformer_bridge import (
     bridge_state,
     is_transformer_bridge,
     require_transformer_lens,
+    shape_fields,
 )
 from qkov.io import atomic_write, atomic_write_text
 from qkov.model import Transformer
@@ -89,18 +90,9 @@ def hooked_transformer_config(cfg: Config, dtype: torch.dtype, cache_head_result
     TransformerLens 3.x only (4.0 removed it)."""
     tl = _import_transformer_lens("hooked_transformer_config")
     return tl.HookedTransformerConfig(
-        n_layers=cfg.n_layers,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        d_head=cfg.d_head,
-        d_vocab=cfg.d_vocab,
+        **shape_fields(cfg),
         d_vocab_out=cfg.d_out,
-        n_ctx=cfg.n_ctx,
-        attn_only=not cfg.has_mlp,
-        d_mlp=cfg.d_mlp if cfg.has_mlp else None,
         act_fn=cfg.act_fn if cfg.has_mlp else None,
-        normalization_type=None if cfg.normalization == "none" else cfg.normalization,
-        eps=cfg.ln_eps,
         device="cpu",
         dtype=dtype,
         use_attn_result=cache_head_results,
