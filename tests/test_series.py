@@ -325,3 +325,12 @@ def test_repeating_text_puts_the_icl_positions_in_the_first_and_second_copy():
     assert (text > 0).all()
     firsts = text[:, :late].numpy()
     assert not np.array_equal(firsts[0], firsts[1])
+
+
+def test_icl_positions_are_the_papers_at_and_beyond_1024_tokens_and_scaled_below():
+    from qkov.evaluation import icl_positions
+
+    assert icl_positions(1024) == (50, 500)
+    assert icl_positions(2048) == (50, 500)  # the paper's tokens, not scaled past its context
+    assert icl_positions(512) == (25, 250)
+    assert icl_positions(128) == (6, 62)

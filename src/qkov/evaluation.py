@@ -6,7 +6,9 @@ checkpoint, by one function, :func:`evaluate`, on inputs drawn once by :func:`ev
   each position ``i`` (having seen tokens ``0 ... i``), on held-out windows of ``n_ctx + 1`` tokens;
 - ``icl_score``: Olsson et al.'s in-context-learning score ("In-context Learning and Induction
   Heads", 2022), "the loss of the 500th token in the context minus the average loss of the 50th
-  token" of a 1024-token context; ours scales both positions by ``n_ctx / 1024``
+  token" of a 1024-token context: ``loss_by_position[500] - loss_by_position[50]`` for every
+  ``n_ctx >= 1024`` (position ``i`` counted from 0, its loss that of predicting token ``i + 1``
+  having seen tokens ``0 ... i``); shorter contexts scale both positions by ``n_ctx / 1024``
   (:func:`icl_positions`: 6 and 62 at ``n_ctx`` 128);
 - for models with attention layers, the loss on the first and second repeat of random tokens
   (:func:`qkov.data.random_tokens.loss_per_repeat`, the definition ``analyze`` uses too) and the
@@ -45,9 +47,12 @@ ICL_EARLY, ICL_LATE, ICL_CONTEXT = 50, 500, 1024
 
 
 def icl_positions(n_ctx: int) -> tuple[int, int]:
-    """The early and late positions of the in-context-learning score for a context of ``n_ctx``:
-    Olsson et al.'s 50 and 500 of 1024, scaled (``(6, 62)`` at ``n_ctx`` 128)."""
-    return round(ICL_EARLY * n_ctx / ICL_CONTEXT), round(ICL_LATE * n_ctx / ICL_CONTEXT)
+    """The early and late positions (indices into ``loss_by_position``) of the in-context-learning
+    score for a context of ``n_ctx``: Olsson et al.'s 50 and 500 exactly wherever the context
+    holds them (``n_ctx >= 1024``), else scaled by ``n_ctx / 1024`` (``(6, 62)`` at 128), so that
+    a short context still compares an early and a late position in the same proportions."""
+    scale = min(1.0, n_ctx / ICL_CONTEXT)
+    return round(ICL_EARLY * scale), round(ICL_LATE * scale)
 
 
 @dataclass(frozen=True)
