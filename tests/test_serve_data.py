@@ -19,18 +19,9 @@ from qkov.data.user_tokens import IGNORE, next_token_targets, read_user_tokens
 from qkov.serve import build_app
 
 from conftest import CLASSIFIER, classifier_data, random_model
-from served import EVIL, explorer_checkpoint, get
+from served import EVIL, ROWS, UNTARGETED, explorer_checkpoint, get, word_data
 
-ROWS = [
-    f"cat sat on the mat {EVIL[0]} dog ran cat sat on",
-    f"dog ran to a park {EVIL[1]} and then dog ran to",
-    "big red cat sat on the mat . big red cat",
-]
 ABS = 1e-4  # the explorer serves the float32 checkpoint; the references are float64
-
-
-def word_rows(model) -> torch.Tensor:
-    return torch.tensor([model.tokenizer.encode(row).ids for row in ROWS])
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +31,8 @@ def data_served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve-data")
     checkpoint, _ = explorer_checkpoint(folder / "induction")
     model = qkov.load(checkpoint).requires_grad_(False)
-    tokens = word_rows(model)
-    targets = next_token_targets(tokens)
-    targets[1, 3] = targets[1, 7] = IGNORE
-    np.save(folder / "rows.npy", tokens.numpy())
-    torch.save(targets, folder / "targets.pt")
+    tokens, targets, _ = word_data(folder, model)
+    assert torch.equal(targets[0], next_token_targets(tokens)[0])
     app, jobs = build_app(checkpoint, tokens=folder / "rows.npy", targets=folder / "targets.pt")
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield client, model.double(), tokens, targets
@@ -105,7 +93,9 @@ def test_a_row_shows_patterns_targets_losses_and_predictions(data_served):
             for dest, row in enumerate(body["patterns"][f"L{layer}H{head}"]):
                 assert row == pytest.approx(want[dest, : dest + 1].tolist(), abs=ABS)
     losses, loss, accuracy = dense_row(model, tokens[1], targets[1])
-    assert [x is None for x in body["loss"]] == [p in (3, 7, 10) for p in range(11)]  # -100, and the last
+    assert [x is None for x in body["loss"]] == [
+        p in (*UNTARGETED, 10) for p in range(11)
+    ]  # -100, and the last
     dense = [x for x in losses if x is not None]
     assert [x for x in body["loss"] if x is not None] == pytest.approx(dense, abs=ABS)
     assert body["target"][3] is None and body["correct"][3] is None and body["target"][4]["str"] == EVIL[1]

@@ -97,7 +97,7 @@ function showSequence(path, label, source) {
     drawDataRows();
     var scored = run.loss.filter(function (x) { return x !== null; }).length;
     $('text-summary').textContent = source + ': ' + run.tokens.length + ' tokens, ' + (run.mean_loss === null ? 'no loss' :
-      'mean loss ' + fmt(run.mean_loss) + ' nats, accuracy ' + fmt(run.accuracy) + ' over ' + scored + ' positions with a target');
+      'mean loss ' + fmt(run.mean_loss) + ' nats, accuracy ' + fmt(run.accuracy) + ' over ' + scored + (scored === 1 ? ' position' : ' positions') + ' with a target');
     $('no-loss').textContent = run.no_loss || '';
     if (state.pos !== null) showPaths();
   }).catch(report);
@@ -382,7 +382,7 @@ function loadData() {
   return api('/api/data?' + query({ offset: dataOffset, limit: DATA_PAGE }), 'scoring the data').then(function (body) {
     data = body;
     $('data-summary').textContent = body.description + ': loss ' + fmt(body.loss) + ' nats, accuracy ' + fmt(body.accuracy) +
-      ' over ' + body.targeted + ' positions with a target. Click a row to see it.';
+      ' over ' + body.targeted + ' positions with a target. Click a row to see it below, in place of the typed text.';
     $('data-page').textContent = 'rows ' + body.offset + ' to ' + (body.offset + body.listed.length - 1) + ' of ' + body.rows;
     $('data-previous').disabled = body.offset === 0;
     $('data-next').disabled = body.offset + body.listed.length >= body.rows;
@@ -424,6 +424,13 @@ function search() {
   }, 200);
 }
 
+// ids 1 to 5 twice, as many as the context and the vocabulary allow
+function exampleIds(c) {
+  var ids = [];
+  for (var i = 0; i < Math.min(10, c.n_ctx); i++) ids.push((i % 5 + 1) % c.d_vocab);
+  return ids.join(' ');
+}
+
 // -- start -------------------------------------------------------------------------------------
 async function start() {
   loadState();
@@ -431,7 +438,7 @@ async function start() {
   var c = model.config;
   $('model').textContent = model.name + ': ' + c.n_layers + ' layers × ' + c.n_heads + ' heads, d_model ' + c.d_model +
     ', vocabulary ' + c.d_vocab + (model.d_out !== c.d_vocab ? ', ' + model.d_out + ' output classes' : '') + ', context ' + c.n_ctx;
-  if (!state.text) state.text = model.has_tokenizer ? 'def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n' : '1 2 3 4 5 1 2 3 4 5';
+  if (!state.text) state.text = model.has_tokenizer ? 'def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n' : exampleIds(c);
   $('text').value = state.text;
   document.querySelectorAll('input[name=mode]').forEach(function (r) {
     r.checked = r.value === state.mode;
