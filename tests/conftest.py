@@ -35,6 +35,21 @@ def random_model(
     return model
 
 
+CLASSIFIER = qkov.Config(
+    n_layers=2, n_heads=2, d_model=12, d_head=4, d_vocab=9, n_ctx=7, positional_embedding="standard",
+    normalization="LN", d_vocab_out=2,
+)  # a classifier: 2 outputs for 9 input tokens  # fmt: skip
+
+
+def classifier_data(batch: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences of ids and a label at the last position only (-100 elsewhere)."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 9, (batch, 7), generator=gen)
+    targets = torch.full_like(tokens, -100)
+    targets[:, -1] = torch.randint(0, 2, (batch,), generator=gen)
+    return tokens, targets
+
+
 def write_tiny_corpus(folder, functions: int = 40):
     """A small folder of real-looking Python source."""
     folder.mkdir()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -24,6 +25,12 @@ WORDS = [
 
 
 TEXT = "cat sat on the mat . dog ran cat sat on"
+ROWS = [  # the user's data for the explorer's checkpoint: hostile tokens among words, repeats to induce
+    f"cat sat on the mat {EVIL[0]} dog ran cat sat on",
+    f"dog ran to a park {EVIL[1]} and then dog ran to",
+    "big red cat sat on the mat . big red cat",
+]
+UNTARGETED = (3, 7)  # positions of row 1 given no target (-100)
 
 
 def word_tokenizer(words: list[str]) -> Tokenizer:
@@ -39,6 +46,19 @@ def explorer_checkpoint(folder):
     vocab = ["[UNK]", *EVIL, *WORDS]
     model = induction_model(d_vocab=len(vocab), n_ctx=24)
     return qkov.save(model, folder, word_tokenizer(vocab)), model
+
+
+def word_data(folder, model) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """``ROWS`` as the user's files ``folder/rows.npy`` and ``folder/targets.pt``: next-token
+    targets, none (-100) at ``UNTARGETED`` in row 1. The tokens, the targets, and the command
+    line's options naming the files."""
+    tokens = torch.tensor([model.tokenizer.encode(row).ids for row in ROWS])
+    targets = torch.full_like(tokens, -100)
+    targets[:, :-1] = tokens[:, 1:]
+    targets[1, list(UNTARGETED)] = -100
+    np.save(folder / "rows.npy", tokens.numpy())
+    torch.save(targets, folder / "targets.pt")
+    return tokens, targets, ["--tokens", str(folder / "rows.npy"), "--targets", str(folder / "targets.pt")]
 
 
 def get(client, url, **params):

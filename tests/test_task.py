@@ -15,22 +15,8 @@ from qkov.circuits.task import task_performance
 from qkov.cli import main
 from qkov.data.user_tokens import IGNORE, next_token_targets, read_user_tokens
 
-from conftest import random_model
+from conftest import CLASSIFIER, classifier_data, random_model
 from reference import reference_forward
-
-CLASSIFIER = qkov.Config(
-    n_layers=2, n_heads=2, d_model=12, d_head=4, d_vocab=9, n_ctx=7, positional_embedding="standard",
-    normalization="LN", d_vocab_out=2,
-)  # fmt: skip
-
-
-def classifier_data(batch: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences of ids and a label at the last position only."""
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 9, (batch, 7), generator=gen)
-    targets = torch.full_like(tokens, IGNORE)
-    targets[:, -1] = torch.randint(0, 2, (batch,), generator=gen)
-    return tokens, targets
 
 
 def dense_scores(logits: np.ndarray, targets: np.ndarray) -> tuple[float, float, float]:

@@ -23,9 +23,16 @@ def test_text_patterns_and_loss_are_the_models(served):
             got = body["patterns"][f"L{layer}H{head}"]
             for dest, row in enumerate(got):
                 assert row == pytest.approx(want[dest, : dest + 1].tolist(), abs=1e-4)
-    loss = F.cross_entropy(logits[0, :-1], torch.tensor(ids[1:]), reduction="none")
-    assert body["loss"][0] is None
-    assert body["loss"][1:] == pytest.approx(loss.tolist(), abs=1e-4)
+    # each position's prediction scored against its target, the next token (the last has none)
+    loss = F.cross_entropy(logits[0, :-1].double(), torch.tensor(ids[1:]), reduction="none")
+    assert body["loss"][-1] is None and body["target"][-1] is None and body["correct"][-1] is None
+    assert body["loss"][:-1] == pytest.approx(loss.tolist(), abs=1e-4)
+    assert [t["id"] for t in body["target"][:-1]] == ids[1:]
+    predicted = logits[0].argmax(-1)
+    assert body["correct"][:-1] == (predicted[:-1] == torch.tensor(ids[1:])).tolist()
+    assert body["mean_loss"] == pytest.approx(float(loss.mean()), rel=1e-6)
+    assert body["accuracy"] == pytest.approx(float((predicted[:-1] == torch.tensor(ids[1:])).double().mean()))
+    assert body["no_loss"] is None
     # the planted heads: L0H0 attends to the previous token; L1H0 predicts "sat" after the second "cat"
     assert all(row[dest - 1] > 0.99 for dest, row in enumerate(body["patterns"]["L0H0"]) if dest)
     assert body["prediction"][8]["str"] == "sat"

@@ -152,12 +152,20 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         "adds the bigram comparison and checks skip-trigram bugs against the text",
     )
     add_text_field_argument(p)
+    add_user_data_arguments(
+        p,
+        "adds the task's loss, accuracy and head ablations; term importance and an attention example "
+        "run on them",
+    )
+
+
+def add_user_data_arguments(p: argparse.ArgumentParser, use: str) -> None:
+    """``--tokens FILE`` (what they add to the command: ``use``) and ``--targets FILE``."""
     p.add_argument(
         "--tokens",
         metavar="FILE",
         help="your own sequences of token ids [batch, pos] (.npy, .safetensors, .pt, or .jsonl with a list "
-        "of ids per line): adds the task's loss, accuracy and head ablations; term importance and an "
-        "attention example run on them",
+        f"of ids per line): {use}",
     )
     p.add_argument(
         "--targets",
@@ -171,7 +179,7 @@ def analyze_command(args: argparse.Namespace) -> None:
     from qkov.analyze import analyze
     from qkov.checkpoint import load
     from qkov.data.shards import corpus_tokens
-    from qkov.data.user_tokens import read_user_tokens
+    from qkov.data.user_tokens import given_user_tokens
     from qkov.io import atomic_write_text
     from qkov.machine import compute_device
     from qkov.report import render_report
@@ -186,9 +194,7 @@ def analyze_command(args: argparse.Namespace) -> None:
         if model.tokenizer is None:
             raise QkovError("--corpus needs a checkpoint with a tokenizer.json to read text")
         corpus = corpus_tokens(args.corpus, model.tokenizer, args.text_field, not args.quiet)
-    if args.targets and not args.tokens:
-        raise QkovError("--targets needs --tokens (the sequences they belong to)")
-    user = read_user_tokens(args.tokens, args.targets, model.cfg) if args.tokens else None
+    user = given_user_tokens(args.tokens, args.targets, model.cfg)
     log = read_training_log(Path(args.checkpoint))
     results = analyze(model, corpus, log, not args.quiet, args.seed, user)
     out.mkdir(parents=True, exist_ok=True)
@@ -397,7 +403,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="explore a checkpoint's heads, texts and circuits in the browser",
         description="Serve a local web explorer of one checkpoint: type a text to see every head's "
         "attention and the logits' path expansion, pick a head to read its OV and QK circuits over the "
-        "whole vocabulary, pick two heads to see how they compose. Computed on demand and cached.",
+        "whole vocabulary, pick two heads to see how they compose; with --tokens, choose a row of your own "
+        "data and see the same against its targets. Computed on demand and cached.",
     )
     p.add_argument("checkpoint", help="checkpoint folder (config.json, model.safetensors, [tokenizer.json])")
     p.add_argument(
@@ -406,6 +413,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--cache-mb", type=int, default=256, help="memory for cached answers, MiB (default: 256)")
     p.add_argument("--workers", type=int, default=2, help="computations run at once (default: 2)")
+    add_user_data_arguments(
+        p,
+        "adds a data view: every row's loss and accuracy; a row's attention patterns, predictions, "
+        "loss per position and path expansion against its targets",
+    )
     add_threads_argument(p)
 
 
@@ -417,7 +429,7 @@ def serve_command(args: argparse.Namespace) -> None:
     if args.cache_mb < 1 or args.workers < 1:
         raise QkovError("--cache-mb and --workers must be at least 1")
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    serve(args.checkpoint, args.host, args.port, args.cache_mb, args.workers)
+    serve(args.checkpoint, args.host, args.port, args.cache_mb, args.workers, args.tokens, args.targets)
 
 
 def main(argv: list[str] | None = None) -> None:

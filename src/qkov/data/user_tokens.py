@@ -188,3 +188,13 @@ def read_user_tokens(tokens_file: str | Path, targets_file: str | Path | None, c
     if not (targets != IGNORE).any():
         raise QkovError(f"{targets_file or tokens_file}: no position has a target")
     return UserTokens(tokens, targets, f"the user's tokens {tokens_file.name} ({shape}; {said})")
+
+
+def given_user_tokens(
+    tokens_file: str | Path | None, targets_file: str | Path | None, cfg: Config
+) -> UserTokens | None:
+    """:func:`read_user_tokens` where a tokens file is given (``--tokens``), else None; targets
+    without tokens are refused."""
+    if targets_file is not None and tokens_file is None:
+        raise QkovError("--targets needs --tokens (the sequences they belong to)")
+    return None if tokens_file is None else read_user_tokens(tokens_file, targets_file, cfg)

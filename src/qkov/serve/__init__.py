@@ -1,10 +1,10 @@
 """``qkov serve``: a local web explorer of one checkpoint's heads, texts and circuits.
 
 - :mod:`qkov.serve.explorer`: the loaded model, its token strings, and the checks every input passes;
-- :mod:`qkov.serve.text`, :mod:`qkov.serve.head`, :mod:`qkov.serve.pair`: the views, each a
-  function calling the circuits functions ``qkov analyze`` calls;
+- :mod:`qkov.serve.text`, :mod:`qkov.serve.data`, :mod:`qkov.serve.head`, :mod:`qkov.serve.pair`:
+  the views, each a function calling the circuits functions ``qkov analyze`` calls;
 - :mod:`qkov.serve.jobs`: answers cached in a bounded LRU, long computations as cancellable jobs;
-- :mod:`qkov.serve.routes`: the endpoints, one router per view (page, text, head, pair, jobs);
+- :mod:`qkov.serve.routes`: the endpoints, one router per view (page, text, data, head, pair, jobs);
 - :mod:`qkov.serve.app`: the FastAPI app assembling them (assets, security headers, errors).
 """
 
@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from qkov.checkpoint import load
+from qkov.data.user_tokens import given_user_tokens
 from qkov.serve.app import create_app
 from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Jobs
@@ -32,17 +33,36 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_app(checkpoint: str | Path, host: str = "127.0.0.1", cache_mb: int = 256, workers: int = 2):
-    """Load ``checkpoint`` once and build its app: on a loopback ``host`` only requests naming a
-    loopback host are served."""
-    explorer = Explorer(load(checkpoint), Path(checkpoint).name)
+def build_app(
+    checkpoint: str | Path,
+    host: str = "127.0.0.1",
+    cache_mb: int = 256,
+    workers: int = 2,
+    tokens: str | Path | None = None,
+    targets: str | Path | None = None,
+):
+    """Load ``checkpoint`` (and the user's ``tokens`` and ``targets`` files, checked against it:
+    :func:`qkov.data.user_tokens.read_user_tokens`) once and build its app: on a loopback
+    ``host`` only requests naming a loopback host are served."""
+    model = load(checkpoint)
+    data = given_user_tokens(tokens, targets, model.cfg)
+    explorer = Explorer(model, Path(checkpoint).name, data)
     jobs = Jobs(cache_bytes=cache_mb * 2**20, workers=workers)
     allowed = list(LOOPBACK_NAMES) if host in LOOPBACK_NAMES else None
     return create_app(explorer, jobs, allowed), jobs
 
 
-def serve(checkpoint: str | Path, host: str, port: int, cache_mb: int, workers: int) -> None:
-    """Serve until interrupted; print the URL (a warning first when others can reach it)."""
+def serve(
+    checkpoint: str | Path,
+    host: str,
+    port: int,
+    cache_mb: int,
+    workers: int,
+    tokens: str | Path | None = None,
+    targets: str | Path | None = None,
+) -> None:
+    """Serve until interrupted; print the URL (a warning first when others can reach it). Bad
+    data is refused before the server starts."""
     import uvicorn
 
     if not is_loopback(host):
@@ -51,7 +71,7 @@ def serve(checkpoint: str | Path, host: str, port: int, cache_mb: int, workers: 
             "authentication (the default --host 127.0.0.1 keeps it on this machine)",
             file=sys.stderr,
         )
-    app, jobs = build_app(checkpoint, host, cache_mb, workers)
+    app, jobs = build_app(checkpoint, host, cache_mb, workers, tokens, targets)
     config = uvicorn.Config(
         app,
         host=host,

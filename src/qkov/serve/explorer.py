@@ -1,6 +1,7 @@
-"""The one loaded checkpoint and what every view needs from it: token strings, the checked
-inputs (text, tokens, heads, positions, top-k), the model the circuits read (LayerNorm folded
-in once, at load), and the full circuits, built once on first use.
+"""The one loaded checkpoint and what every view needs from it: token strings (and output
+names: a classifier's outputs are classes, not tokens), the checked inputs (text, tokens, heads,
+positions, top-k, rows of the user's data), the model the circuits read (LayerNorm folded in
+once, at load), and the full circuits, built once on first use.
 
 Every input a request carries is checked here against the model and refused with a
 :class:`QkovError` naming the allowed range (the app answers 400): never clamped.
@@ -14,8 +15,10 @@ from typing import TypeVar
 
 import torch
 
+from qkov.analyze import STEPS
 from qkov.circuits.qk_ov import shared_full_ov_circuit, shared_full_qk_circuit
 from qkov.data.tokenizer import token_strings
+from qkov.data.user_tokens import UserTokens
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix
@@ -33,13 +36,15 @@ class Explorer:
     ``model`` is the model as loaded: the text views run it. ``circuit`` is the model every
     weight-based view reads (:func:`qkov.interop.fold.circuit_model`: with ``normalization="LN"``
     the folded form, so that LayerNorm's weight is in every circuit; else ``model`` itself),
-    folded here once rather than by every circuit function on every call."""
+    folded here once rather than by every circuit function on every call. ``data``: the user's
+    own tokens and targets (``qkov serve --tokens``), read and checked once at start."""
 
-    def __init__(self, model: AttnOnlyTransformer, name: str) -> None:
+    def __init__(self, model: AttnOnlyTransformer, name: str, data: UserTokens | None = None) -> None:
         self.model = model.eval().requires_grad_(False)
         self.circuit = circuit_model(self.model).eval().requires_grad_(False)
         self.name = name
         self.cfg = model.cfg
+        self.data = data
         self.strings = token_strings(model.tokenizer, model.cfg.d_vocab)
         self._built: dict[str, object] = {}
         self._locks: dict[str, threading.Lock] = {}
@@ -76,8 +81,29 @@ class Explorer:
             full.left[token : token + 1] @ full.inner.A[layer, head], full.inner.B[layer, head] @ full.right
         )
 
+    def output(self, index: int) -> dict:
+        """How the model's output ``index`` reads: its token, or on a classifier (``d_vocab_out``)
+        the class index, which names no token of the vocabulary."""
+        return {"id": index, "str": self.strings[index] if self.cfg.outputs_tokens else f"class {index}"}
+
+    def outputs_listed(self, ids: list[int], values: list[float]) -> list[dict]:
+        """Output ids and values as table rows ``{"id", "str", "value"}`` (see :meth:`output`)."""
+        return [self.output(i) | {"value": v} for i, v in zip(ids, values, strict=True)]
+
+    @property
+    def square_reason(self) -> str | None:
+        """Why the views that need a square token-to-token circuit (copying, skip-trigrams, the
+        head scores on repeated tokens) do not apply, as analyze says it; None when they do."""
+        copying = next(step for step in STEPS if step.name == "copying")
+        return copying.skip_reason(self.cfg, has_corpus=False)
+
+    def require_square(self) -> None:
+        if (reason := self.square_reason) is not None:
+            raise QkovError(reason)
+
     # -- checked inputs ---------------------------------------------------------------------------
     def describe(self) -> dict:
+        data = self.data
         return {
             "name": self.name,
             "config": self.cfg.to_dict(),
@@ -89,6 +115,9 @@ class Explorer:
             "has_tokenizer": self.model.tokenizer is not None,
             "max_k": self.max_k,
             "max_text_chars": MAX_TEXT_CHARS,
+            "d_out": self.cfg.d_out,
+            "square_reason": self.square_reason,
+            "data": None if data is None else {"description": data.description, "rows": len(data.tokens)},
         }
 
     @property
@@ -136,10 +165,21 @@ class Explorer:
             raise QkovError(f"{writer} must be in an earlier layer than {reader} to compose with it")
         return (l1, h1), (l2, h2)
 
-    def k(self, k: int) -> int:
-        if not 1 <= k <= self.max_k:
-            raise QkovError(f"k={k} out of range: top-k tables hold 1 to {self.max_k} entries")
+    def k(self, k: int, of: int | None = None) -> int:
+        """A top-k table's length: at most :attr:`max_k`, and at most ``of`` entries to choose from."""
+        most = self.max_k if of is None else min(self.max_k, of)
+        if not 1 <= k <= most:
+            raise QkovError(f"k={k} out of range: top-k tables hold 1 to {most} entries")
         return k
+
+    def row(self, row: int) -> tuple[list[int], list[int]]:
+        """Row ``row`` of the user's data: its token ids and targets (``-100``: no target)."""
+        if self.data is None:
+            raise QkovError("no data was given: start the explorer with --tokens FILE [--targets FILE]")
+        rows = self.data.tokens.shape[0]
+        if not 0 <= row < rows:
+            raise QkovError(f"row {row} out of range: the data has rows 0 to {rows - 1}")
+        return self.data.tokens[row].tolist(), self.data.targets[row].tolist()
 
     def listed(self, ids: list[int], values: list[float]) -> list[dict]:
         """Token ids and values as table rows ``{"id", "str", "value"}``."""

@@ -28,18 +28,21 @@ SEED = 0  # analyze's default seed: the same repeated random tokens, so the same
 
 def ov_for_token(ex: Explorer, layer: int, head: int, token: int, k: int, progress: Progress) -> dict:
     """What attending to ``token`` makes the head write into the logits (its full OV circuit's
-    row): the ``k`` tokens it raises and lowers most over the whole vocabulary (streamed top-k of
-    the factored row), and where the token's own logit ranks (copying puts it first)."""
+    row): the ``k`` outputs it raises and lowers most over the whole vocabulary (streamed top-k of
+    the factored row), and where the token's own logit ranks (copying puts it first; None on a
+    classifier, whose outputs are not tokens)."""
     progress.step(0, 1, "reading the OV circuit's row")
     row = ex.circuit_row("OV", layer, head, token)
     raised, lowered = row.topk(k), row.topk(k, largest=False)
-    dense = row.AB[0]
-    own = float(dense[token])
-    own_rank = int((dense > own).sum()) + 1
+    own = own_rank = None
+    if ex.cfg.outputs_tokens:
+        dense = row.AB[0]
+        own = float(dense[token])
+        own_rank = int((dense > own).sum()) + 1
     return {
         "token": {"id": token, "str": ex.strings[token]},
-        "raised": ex.listed(raised.cols.tolist(), raised.values.tolist()),
-        "lowered": ex.listed(lowered.cols.tolist(), lowered.values.tolist()),
+        "raised": ex.outputs_listed(raised.cols.tolist(), raised.values.tolist()),
+        "lowered": ex.outputs_listed(lowered.cols.tolist(), lowered.values.tolist()),
         "own_logit": own,
         "own_rank": own_rank,
     }

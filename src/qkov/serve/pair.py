@@ -39,11 +39,15 @@ def composition_tables(ex: Explorer, progress: Progress) -> dict:
     }
 
 
-def _ends(ex: Explorer, values: torch.Tensor, k: int) -> dict:
+def _ends(ex: Explorer, values: torch.Tensor, k: int, outputs: bool = False) -> dict:
+    """The ``k`` largest and smallest entries of ``values``, tokens or (``outputs``) the model's
+    outputs, of which a classifier has fewer than ``k``: then all of them."""
+    k = min(k, len(values))
     top, bottom = values.topk(k), values.topk(k, largest=False)
+    listed = ex.outputs_listed if outputs else ex.listed
     return {
-        "positive": ex.listed(top.indices.tolist(), top.values.tolist()),
-        "negative": ex.listed(bottom.indices.tolist(), bottom.values.tolist()),
+        "positive": listed(top.indices.tolist(), top.values.tolist()),
+        "negative": listed(bottom.indices.tolist(), bottom.values.tolist()),
     }
 
 
@@ -77,7 +81,7 @@ def virtual_directions(ex: Explorer, writer: str, reader: str, kind: str, k: int
                 {
                     "singular_value": float(S[i]),
                     "writer": _ends(ex, writer_tokens @ u, k),
-                    "reader": _ends(ex, reads, k),
+                    "reader": _ends(ex, reads, k, outputs=kind == "V"),
                 }
             )
     return {"singular_values": [float(s) for s in S], "directions": directions}

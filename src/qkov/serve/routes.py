@@ -1,5 +1,6 @@
 """The endpoints of ``qkov serve``, one router per view: the page (its assets, the model's
-description, the vocabulary search), the text view, the head view, the pair view, and the jobs.
+description, the vocabulary search), the text view, the user's data, the head view, the pair
+view, and the jobs.
 Each endpoint checks its inputs on the explorer (a refusal never waits for a worker) and answers
 through :class:`qkov.serve.jobs.Jobs`; :func:`qkov.serve.app.create_app` assembles the routers.
 """
@@ -13,11 +14,12 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
 from qkov.circuits.skip_trigrams import check_through
+from qkov.serve.data import check_page, data_rows
 from qkov.serve.explorer import Explorer
 from qkov.serve.head import head_scores, ov_for_token, qk_for_token, skip_trigrams
 from qkov.serve.jobs import Jobs, Progress, encode
 from qkov.serve.pair import composition_tables, pair_view
-from qkov.serve.text import check_paths, path_terms, run_text
+from qkov.serve.text import check_paths, path_terms, run_text, typed_targets
 
 ASSETS = {  # the only files served: name -> media type
     "index.html": "text/html; charset=utf-8",
@@ -70,19 +72,52 @@ def page_router(ex: Explorer, assets: dict[str, bytes]) -> APIRouter:
 
 
 def text_router(ex: Explorer, jobs: Jobs) -> APIRouter:
-    """A typed text: its tokens, patterns and losses; the path expansion at one position."""
+    """A typed text: its tokens, patterns, predictions and losses (against the next token); the
+    path expansion at one position."""
     router, answer = APIRouter(), _answerer(jobs)
 
-    @router.get("/api/text", summary="Tokens, every head's attention pattern, loss per token")
+    @router.get("/api/text", summary="Tokens, every head's pattern, prediction and loss per position")
     def text(text: str) -> Response:
         ids = ex.tokens(text)
-        return answer(("text", tuple(ids)), lambda progress: run_text(ex, ids, progress))
+        targets, no_loss = typed_targets(ex, ids)
+        return answer(
+            ("text", tuple(ids)), lambda progress: run_text(ex, ids, targets, progress) | {"no_loss": no_loss}
+        )
 
-    @router.get("/api/paths", summary="Path expansion of the logits at one position, top tokens per term")
+    @router.get("/api/paths", summary="Path expansion of the logits at one position, top outputs per term")
     def paths(text: str, pos: int, k: int = 8) -> Response:
-        ids, k = ex.tokens(text), ex.k(k)
+        ids, k = ex.tokens(text), ex.k(k, ex.cfg.d_out)
         check_paths(ex, ids, pos)
-        return answer(("paths", tuple(ids), pos, k), lambda progress: path_terms(ex, ids, pos, k, progress))
+        targets = typed_targets(ex, ids)[0]
+        key = ("paths", tuple(ids), pos, k)
+        return answer(key, lambda progress: path_terms(ex, ids, targets, pos, k, progress))
+
+    return router
+
+
+def data_router(ex: Explorer, jobs: Jobs) -> APIRouter:
+    """The user's own data (``--tokens``, ``--targets``): its rows, one row as a text is shown
+    (against its own targets), and the path expansion at one of its positions."""
+    router, answer = APIRouter(), _answerer(jobs)
+
+    @router.get("/api/data", summary="The user's data: loss and accuracy, a page of rows with theirs")
+    def data(offset: int = 0, limit: int = 50) -> Response:
+        check_page(ex, offset, limit)
+        return answer(("data", offset, limit), lambda progress: data_rows(ex, offset, limit, progress))
+
+    @router.get(
+        "/api/data/row", summary="One row: tokens, every head's pattern, prediction, loss per position"
+    )
+    def row(row: int) -> Response:
+        ids, targets = ex.row(row)
+        return answer(("row", row), lambda progress: run_text(ex, ids, targets, progress) | {"row": row})
+
+    @router.get("/api/data/paths", summary="Path expansion at one position of a row, against its target")
+    def paths(row: int, pos: int, k: int = 8) -> Response:
+        (ids, targets), k = ex.row(row), ex.k(k, ex.cfg.d_out)
+        check_paths(ex, ids, pos)
+        key = ("row-paths", row, pos, k)
+        return answer(key, lambda progress: path_terms(ex, ids, targets, pos, k, progress) | {"row": row})
 
     return router
 
@@ -93,11 +128,12 @@ def head_router(ex: Explorer, jobs: Jobs) -> APIRouter:
 
     @router.get("/api/heads", summary="Every head's copying, previous-token, induction, duplicate scores")
     def heads() -> Response:
+        ex.require_square()
         return answer(("heads",), lambda progress: head_scores(ex, progress))
 
     @router.get("/api/head/{name}/ov", summary="A head's full OV circuit for a source token")
     def ov(name: str, token: int, k: int = 10) -> Response:
-        (layer, head), token, k = ex.head(name), ex.token(token), ex.k(k)
+        (layer, head), token, k = ex.head(name), ex.token(token), ex.k(k, ex.cfg.d_out)
         return answer(
             ("ov", layer, head, token, k), lambda p: ov_for_token(ex, layer, head, token, k, p), quick=True
         )
@@ -115,6 +151,7 @@ def head_router(ex: Explorer, jobs: Jobs) -> APIRouter:
     def trigrams(
         name: str, source: int | None = None, destination: int | None = None, k: int = 10
     ) -> Response:
+        ex.require_square()
         (layer, head), k = ex.head(name), ex.k(k)
         check_through(source, destination)
         ex.token(source if source is not None else destination)

@@ -1,9 +1,11 @@
 // qkov serve: the page. Every string from the model or the user is inserted with textContent
-// (never as HTML); the view's state lives in the address (#text=...&head=...).
+// (never as HTML); the view's state lives in the address (#text=...&head=...). The sequence shown is
+// a typed text, or a row of the user's data (#row=...) scored against its own targets.
 'use strict';
 
-var state = { text: '', head: '', pos: null, token: null, role: 'source', writer: '', reader: '', kind: 'K', mode: 'attention' };
-var model = null, run = null, scores = null;
+var state = { text: '', row: null, head: '', pos: null, token: null, role: 'source', writer: '', reader: '', kind: 'K', mode: 'attention' };
+var model = null, run = null, scores = null, data = null, dataOffset = 0;
+var DATA_PAGE = 50;
 
 function $(id) { return document.getElementById(id); }
 function el(tag, attrs, children) {
@@ -35,7 +37,7 @@ function loadState() {
   Object.keys(state).forEach(function (k) {
     if (!params.has(k)) return;
     var v = params.get(k);
-    state[k] = (k === 'pos' || k === 'token') ? parseInt(v, 10) : v;
+    state[k] = (k === 'pos' || k === 'token' || k === 'row') ? parseInt(v, 10) : v;
   });
 }
 
@@ -72,18 +74,45 @@ async function read(response) {  // JSON, or the server's plain-text error as {e
 function report(err) { showError(err.name === 'AbortError' ? 'cancelled' : err.message); }
 function query(params) { return new URLSearchParams(params).toString(); }
 
-// -- text: tokens, attention, loss, path expansion -----------------------------------------------
+// -- a sequence (typed, or a row of the data): tokens, attention, loss, path expansion ---------
 function runText() {
   state.text = $('text').value;
+  state.row = null;
+  return showSequence('/api/text?' + query({ text: state.text }), 'running the text', 'typed text');
+}
+
+function runRow(row) {
+  state.row = row;
+  return showSequence('/api/data/row?' + query({ row: row }), 'running row ' + row, 'data row ' + row);
+}
+
+function showSequence(path, label, source) {
   saveState();
   showError('');
-  return api('/api/text?' + query({ text: state.text }), 'running the text').then(function (body) {
+  return api(path, label).then(function (body) {
     run = body;
     if (state.pos !== null && state.pos >= run.tokens.length) state.pos = null;
     drawTokens();
-    $('text-summary').textContent = run.tokens.length + ' tokens, mean loss ' + fmt(run.mean_loss) + ' nats';
+    drawPositions();
+    drawDataRows();
+    var scored = run.loss.filter(function (x) { return x !== null; }).length;
+    $('text-summary').textContent = source + ': ' + run.tokens.length + ' tokens, ' + (run.mean_loss === null ? 'no loss' :
+      'mean loss ' + fmt(run.mean_loss) + ' nats, accuracy ' + fmt(run.accuracy) + ' over ' + scored + (scored === 1 ? ' position' : ' positions') + ' with a target');
+    $('no-loss').textContent = run.no_loss || '';
     if (state.pos !== null) showPaths();
   }).catch(report);
+}
+
+function verdict(i) { return run.correct[i] === null ? 'no target' : (run.correct[i] ? '✓' : '✗'); }
+
+function drawPositions() {
+  var rows = run.tokens.map(function (t, i) {
+    return el('tr', { cls: run.correct[i] === false ? 'wrong' : '' }, [el('td', { cls: 'num', text: String(i) }),
+      el('td', {}, [chip(t)]), el('td', {}, run.target[i] ? [chip(run.target[i])] : ['no target']),
+      el('td', {}, [chip(run.prediction[i])]), el('td', { cls: 'num', text: fmt(run.loss[i]) }), el('td', { text: verdict(i) })]);
+  });
+  $('positions-box').open = run.tokens.length <= 40;
+  clear($('positions')).appendChild(table(['position', 'token', 'target', 'prediction', 'loss', 'correct'], rows));
 }
 
 function drawTokens() {
@@ -91,8 +120,9 @@ function drawTokens() {
   if (!run) return;
   run.tokens.forEach(function (t, i) {
     var span = el('span', { cls: 'tok', text: shown(t.str) });
-    span.title = '#' + t.id + ' at ' + i + (run.loss[i] !== null ? ' · loss ' + fmt(run.loss[i], 2) : '') +
-      ' · predicts next: ' + shown(run.prediction[i].str);
+    span.title = '#' + t.id + ' at ' + i + ' · predicts ' + shown(run.prediction[i].str) + ' · target ' +
+      (run.target[i] ? shown(run.target[i].str) + ' · loss ' + fmt(run.loss[i], 2) + ' ' + verdict(i) : 'none');
+    span.classList.toggle('no-target', run.target[i] === null);
     span.addEventListener('mouseenter', function () { paint(i); });
     span.addEventListener('click', function () { selectPosition(i); });
     box.appendChild(span);
@@ -118,7 +148,11 @@ function paint(hover) {
     span.classList.toggle('selected', i === state.pos);
   }
   var status = $('attention-status');
-  if (state.mode === 'loss') { status.textContent = 'Red: loss of predicting each token from the ones before it (hover for the number).'; return; }
+  if (state.mode === 'loss') {
+    status.textContent = run && run.mean_loss === null ? 'No loss: ' + (run.no_loss || 'no position has a target') + '.' :
+      'Red: loss of each position\'s prediction against its target (hover for the number); dashed: no target.';
+    return;
+  }
   if (!pattern || hover === null) {
     status.textContent = state.head ? state.head + ': hover a token to see where it attends.' : 'Click a head, then hover a token.';
     return;
@@ -142,8 +176,11 @@ function selectPosition(i) {
 
 function showPaths() {
   var box = clear($('paths'));
-  api('/api/paths?' + query({ text: state.text, pos: state.pos, k: 5 }), 'expanding the logits into paths').then(function (body) {
-    var what = body.target ? 'the actual next token ' + JSON.stringify(shown(body.target.str)) : 'the prediction';
+  var k = Math.min(5, model.d_out);
+  var path = state.row === null ? '/api/paths?' + query({ text: state.text, pos: state.pos, k: k }) :
+    '/api/data/paths?' + query({ row: state.row, pos: state.pos, k: k });
+  api(path, 'expanding the logits into paths').then(function (body) {
+    var what = body.target ? 'the target ' + JSON.stringify(shown(body.target.str)) : 'the prediction (this position has no target)';
     box.appendChild(el('h3', { text: 'Path expansion at position ' + body.position + ' ' + JSON.stringify(shown(body.token.str)) }));
     box.appendChild(el('p', { cls: 'small', text: 'The model predicts ' + JSON.stringify(shown(body.predicted.str)) +
       ' (logit ' + fmt(body.predicted.logit, 2) + '). Each path\'s share of the logits, sorted by its logit for ' + what + '.' }));
@@ -151,7 +188,7 @@ function showPaths() {
       return el('tr', {}, [el('td', { text: t.path }), el('td', { cls: 'num', text: fmt(t.predicted_logit, 2) }),
         el('td', { cls: 'num', text: fmt(t.target_logit, 2) }), el('td', {}, t.top.map(chip))]);
     });
-    box.appendChild(table(['path', 'logit of prediction', 'logit of next token', 'top tokens of this term'], rows));
+    box.appendChild(table(['path', 'logit of prediction', 'logit of target', 'top outputs of this term'], rows));
   }).catch(report);
 }
 
@@ -179,6 +216,7 @@ function selectHead(name) {
 }
 
 function loadScores() {
+  if (model.square_reason) { $('guide').textContent = 'No head scores on repeated tokens, copying or skip-trigrams: ' + model.square_reason + '.'; return; }
   return api('/api/heads', 'head scores (eigenvalues, repeated random tokens)').then(function (body) {
     scores = body;
     drawHeadTable();
@@ -252,7 +290,7 @@ function showToken() {
   if (state.token === null || !state.head) return;
   $('token-shown').textContent = JSON.stringify(shown(tokenString(state.token))) + ' (#' + state.token + ')';
   var q = query({ token: state.token, k: 10 });
-  api('/api/head/' + state.head + '/ov?' + q, 'OV circuit row').then(function (body) {
+  api('/api/head/' + state.head + '/ov?' + query({ token: state.token, k: Math.min(10, model.d_out) }), 'OV circuit row').then(function (body) {
     var box = clear($('ov'));
     box.appendChild(el('h4', { text: 'OV: attending to it, ' + state.head + ' raises / lowers' }));
     var rows = body.raised.map(function (t, i) {
@@ -261,7 +299,8 @@ function showToken() {
         el('td', {}, [chip(low)]), el('td', { cls: 'num', text: fmt(low.value, 2) })]);
     });
     box.appendChild(table(['raised', 'logit', 'lowered', 'logit'], rows));
-    box.appendChild(el('p', { cls: 'small', text: 'Its own logit ranks ' + body.own_rank + ' of ' + model.config.d_vocab + '.' }));
+    box.appendChild(el('p', { cls: 'small', text: body.own_rank === null ? 'The outputs are classes, not tokens: no own-token rank.' :
+      'Its own logit ranks ' + body.own_rank + ' of ' + model.config.d_vocab + '.' }));
   }).catch(report);
   api('/api/head/' + state.head + '/qk?' + q, 'QK circuit row').then(function (body) {
     var box = clear($('qk'));
@@ -338,6 +377,34 @@ function showPair() {
   }).catch(report);
 }
 
+// -- the user's data: its rows, a page at a time ----------------------------------------------------
+function loadData() {
+  return api('/api/data?' + query({ offset: dataOffset, limit: DATA_PAGE }), 'scoring the data').then(function (body) {
+    data = body;
+    $('data-summary').textContent = body.description + ': loss ' + fmt(body.loss) + ' nats, accuracy ' + fmt(body.accuracy) +
+      ' over ' + body.targeted + ' positions with a target. Click a row to see it below, in place of the typed text.';
+    $('data-page').textContent = 'rows ' + body.offset + ' to ' + (body.offset + body.listed.length - 1) + ' of ' + body.rows;
+    $('data-previous').disabled = body.offset === 0;
+    $('data-next').disabled = body.offset + body.listed.length >= body.rows;
+    drawDataRows();
+  }).catch(report);
+}
+
+function drawDataRows() {
+  if (!data) return;
+  var rows = data.listed.map(function (r) {
+    var tr = el('tr', { cls: 'clickable' + (r.row === state.row ? ' current' : '') }, [el('td', { cls: 'num', text: String(r.row) }),
+      el('td', { cls: 'num', text: String(r.length) }), el('td', { cls: 'num', text: String(r.targeted) }),
+      el('td', { cls: 'num', text: fmt(r.loss) }), el('td', { cls: 'num', text: fmt(r.accuracy) }),
+      el('td', {}, r.tokens.map(chip).concat(r.length > r.tokens.length ? ['…'] : []))]);
+    tr.addEventListener('click', function () { runRow(r.row); });
+    return tr;
+  });
+  clear($('data-rows')).appendChild(table(['row', 'length', 'targets', 'loss', 'accuracy', 'first tokens'], rows));
+}
+
+function pageData(step) { dataOffset = Math.max(0, dataOffset + step * DATA_PAGE); loadData(); }
+
 // -- vocabulary search -------------------------------------------------------------------------
 var searchTimer = null;
 function search() {
@@ -357,14 +424,21 @@ function search() {
   }, 200);
 }
 
+// ids 1 to 5 twice, as many as the context and the vocabulary allow
+function exampleIds(c) {
+  var ids = [];
+  for (var i = 0; i < Math.min(10, c.n_ctx); i++) ids.push((i % 5 + 1) % c.d_vocab);
+  return ids.join(' ');
+}
+
 // -- start -------------------------------------------------------------------------------------
 async function start() {
   loadState();
   model = await api('/api/model', 'model');
   var c = model.config;
   $('model').textContent = model.name + ': ' + c.n_layers + ' layers × ' + c.n_heads + ' heads, d_model ' + c.d_model +
-    ', vocabulary ' + c.d_vocab + ', context ' + c.n_ctx;
-  if (!state.text) state.text = model.has_tokenizer ? 'def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n' : '1 2 3 4 5 1 2 3 4 5';
+    ', vocabulary ' + c.d_vocab + (model.d_out !== c.d_vocab ? ', ' + model.d_out + ' output classes' : '') + ', context ' + c.n_ctx;
+  if (!state.text) state.text = model.has_tokenizer ? 'def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n' : exampleIds(c);
   $('text').value = state.text;
   document.querySelectorAll('input[name=mode]').forEach(function (r) {
     r.checked = r.value === state.mode;
@@ -375,11 +449,19 @@ async function start() {
   $('trigram-go').addEventListener('click', showTrigrams);
   $('pair-go').addEventListener('click', showPair);
   $('vocab-search').addEventListener('input', search);
+  $('data-previous').addEventListener('click', function () { pageData(-1); });
+  $('data-next').addEventListener('click', function () { pageData(1); });
   drawHeadButtons();
   setPairSelects();
-  if (c.n_layers === 0) return runText();
+  if (model.data) {
+    $('data-section').hidden = false;
+    if (state.row !== null) dataOffset = Math.floor(state.row / DATA_PAGE) * DATA_PAGE;
+    loadData();
+  }
+  var first = function () { return state.row !== null && model.data ? runRow(state.row) : runText(); };
+  if (c.n_layers === 0) return first();
   if (!state.head) state.head = model.heads[0];
-  await runText();
+  await first();
   selectHead(state.head);
   loadScores();
   if (state.writer && state.reader) showPair();
