@@ -68,6 +68,7 @@ def test_the_key_position_share_is_the_dense_variance_share():
 
 
 @pytest.mark.parametrize("biases", [False, True])
+@torch.no_grad()
 def test_writer_shares_are_the_dense_margin_split(biases):
     model = float64_model(2, "standard", biases=biases)
     tokens = repeated(model, 3)

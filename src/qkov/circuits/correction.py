@@ -6,7 +6,8 @@ Three measurements, each on random tokens repeating every ``period`` positions:
 
 1. *Several-recent-tokens heads.* The rule, fixed before any model was surveyed: a head's attention
    at offset ``o`` is its mean attention from ``dest`` to ``dest - o`` over every
-   ``dest >= RECENT_WINDOW_MAX - 1`` (after a start token when there is one); its *window* ``k`` is
+   ``dest >= RECENT_WINDOW_MAX - 1`` (after a start token when there is one; on sequences shorter
+   than ``RECENT_WINDOW_MAX``, every offset they have, from their last ``dest``); its *window* ``k`` is
    the fewest last tokens, the current one included (offsets ``0 .. k-1``), that hold at least
    :data:`RECENT_MASS` of its attention, or None when ``RECENT_WINDOW_MAX`` do not. Its *key
    position share* is the share of the variation of its scores (:func:`variance_share`) carried by
@@ -43,6 +44,7 @@ Three measurements, each on random tokens repeating every ``period`` positions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 from jaxtyping import Int
@@ -76,9 +78,10 @@ POSITIONAL_KEY_SHARE = 0.5
 @dataclass(frozen=True)
 class RecentHead:
     """One head by the rule of the module docstring: ``offsets[o]`` its mean attention at offset
-    ``o`` (``0 .. RECENT_WINDOW_MAX - 1``), ``window`` its ``k`` (None: more than the maximum),
-    ``key_position_share`` the share of its score variation from positional key parts (None when
-    its scores do not vary), ``recent`` whether it is a several-recent-tokens head."""
+    ``o`` (``0 .. RECENT_WINDOW_MAX - 1``, fewer on shorter sequences), ``window`` its ``k``
+    (None: more than the maximum), ``key_position_share`` the share of its score variation from
+    positional key parts (None when its scores do not vary), ``recent`` whether it is a
+    several-recent-tokens head."""
 
     head: str
     window: int | None
@@ -146,13 +149,10 @@ def scores_from(parts: ScoreParts, queries: list[int], keys: list[int]) -> Tenso
 def recent_head(parts: ScoreParts, pattern: Tensor, start: int) -> RecentHead:
     """One head's :class:`RecentHead` from its score parts and its pattern ``[batch, dest, src]``."""
     pattern = pattern[:, start:, start:]
-    offsets = [
-        float(pattern_offset_attention(pattern[:, None], o, RECENT_WINDOW_MAX - 1)[0])
-        for o in range(RECENT_WINDOW_MAX)
-    ]
-    mass = torch.tensor(offsets).cumsum(0)
-    reached = (mass >= RECENT_MASS).nonzero()
-    window = int(reached[0]) + 1 if len(reached) else None
+    horizon = min(RECENT_WINDOW_MAX, pattern.shape[-1])  # a shorter sequence has fewer offsets
+    offsets = [float(pattern_offset_attention(pattern[:, None], o, horizon - 1)[0]) for o in range(horizon)]
+    reached = [k for k, mass in enumerate(accumulate(offsets), start=1) if mass >= RECENT_MASS]
+    window = reached[0] if reached else None
     everything = list(range(len(parts.names)))
     positional = [i for i, n in enumerate(parts.names) if n == POS_EMBED or n.endswith(POSITION)]
     total = scores_from(parts, everything, everything)[:, start:, start:]
