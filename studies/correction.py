@@ -21,11 +21,12 @@ import platform
 import torch
 
 import qkov
-from qkov.analyze import REPEAT_BATCH, REPEATS, run_steps
+from qkov.analyze import run_steps
 from qkov.circuits.circuit import circuit_graph, head_roles
 from qkov.circuits.copying import copying_analysis
 from qkov.circuits.correction import correction
 from qkov.circuits.repeated import repeated_token_behaviour
+from qkov.context import REPEAT_BATCH, REPEATS
 from qkov.data.random_tokens import repeated_random_tokens
 
 

@@ -383,7 +383,7 @@ def circuit_diagram(
         dash = ' stroke-dasharray="5 3"' if weight < 0 else ""
         extra = f' stroke-width="{0.8 + 5 * min(abs(weight), 1.0):.1f}" stroke-opacity="0.75"{dash}'
         tip = f"<title>{esc(writer)} → {esc(reader)} {kind}: {weight:+.2f}</title>"
-        line = _line(x1, y1 - 12, x2 + offsets[kind], y2 + 12, EDGE_COLOURS[kind], extra)
+        line = _line(x1, y1 - 12, x2 + offsets[kind], y2 + 30, EDGE_COLOURS[kind], extra)  # below the caption
         parts.append(line.replace("/>", f">{tip}</line>"))
     for nodes in layers:
         for name, caption in nodes:

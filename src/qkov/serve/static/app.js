@@ -409,7 +409,7 @@ function drawCircuit() {
   var svg = svgNode('svg', { width: layout.width, height: layout.height, 'aria-label': 'circuit graph' });
   g.edges.forEach(function (e, i) {
     var a = layout.where[e.writer], b = layout.where[e.reader];
-    var ends = { x1: a[0], y1: a[1] - 14, x2: b[0] + offsets[e.kind], y2: b[1] + 14 };
+    var ends = { x1: a[0], y1: a[1] - 14, x2: b[0] + offsets[e.kind], y2: b[1] + 34 };  // below the roles
     var line = svgNode('line', Object.assign({ stroke: EDGE_COLOURS[e.kind], 'stroke-width': 1 + 5 * Math.min(Math.abs(e.weight), 1),
       'stroke-opacity': 0.75 }, ends));
     if (e.weight < 0) line.setAttribute('stroke-dasharray', '5 3');
