@@ -9,6 +9,7 @@ from qkov.handbuilt import (
     skip_trigram_model,
     two_back_model,
     with_layer_norm,
+    with_recent_head,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "skip_trigram_model",
     "two_back_model",
     "with_layer_norm",
+    "with_recent_head",
 ]

@@ -70,3 +70,16 @@ def test_labels_and_tooltips_are_escaped():
 @pytest.mark.parametrize("text, escaped", [("<", "&lt;"), ('"', "&quot;"), ("'", "&#x27;"), ("&", "&amp;")])
 def test_esc_escapes_markup_and_both_quotes(text, escaped):
     assert esc(text) == escaped
+
+
+def test_the_circuit_diagram_draws_each_edge_by_kind_and_escapes_labels():
+    from qkov.report.svg import EDGE_COLOURS, circuit_diagram
+
+    layers = [[("L0H0", "<b>previous</b>"), ("L0H1", "")], [("L1H0", "induction")]]
+    edges = [("L0H0", "L1H0", "K", 0.8), ("L0H1", "L1H0", "V", -0.2)]
+    svg = circuit_diagram(layers, edges)
+    assert "<b>" not in svg and "&lt;b&gt;previous&lt;/b&gt;" in svg
+    drawn = re.findall(r'<line [^>]*stroke="(#[0-9a-f]+)" stroke-width="([0-9.]+)"', svg)
+    assert drawn[:2] == [(EDGE_COLOURS["K"], "4.8"), (EDGE_COLOURS["V"], "1.8")]  # 0.8 + 5 |weight|
+    assert svg.count('stroke-dasharray="5 3"') == 1  # the negative edge
+    assert "L0H0 → L1H0 K: +0.80" in svg

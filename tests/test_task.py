@@ -139,6 +139,8 @@ def test_a_classifier_is_analysed_end_to_end(tmp_path, capsys):
         "repeated_tokens",
         "induction_check",
         "induction_mechanism",
+        "correction",
+        "circuit",
         "ablation",
     }
     assert set(results.skipped) == square | {"bigram", "skip_trigrams"}

@@ -25,8 +25,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from qkov.circuits.ablation import ablation_effects, ablation_flop
 from qkov.circuits.bigrams import compare_bigrams
 from qkov.circuits.bug_cost import bug_cost, bug_cost_flop
+from qkov.circuits.circuit import circuit_flop, circuit_graph, head_roles
 from qkov.circuits.composition import composition, induction_checks
 from qkov.circuits.copying import compare_copying, copying_analysis, default_direct_copying
+from qkov.circuits.correction import correction, correction_flop
 from qkov.circuits.heads import AttentionExamples, attention_example
 from qkov.circuits.mechanisms import induction_mechanism_flop, induction_mechanisms
 from qkov.circuits.paths import term_importance, term_importance_flop
@@ -139,6 +141,19 @@ def induction_mechanism_step(ctx: Context):
     return induction_mechanisms(ctx.model, tokens, period, heads, described)
 
 
+def correction_step(ctx: Context):
+    found = ctx.done["repeated_tokens"]
+    tokens, period, described = ctx.rerun_batch(partial(correction_flop, ctx.model.cfg))
+    heads = (found.induction_heads, found.previous_token_heads)
+    return correction(ctx.model, tokens, period, *heads, described, start=ctx.start)
+
+
+def circuit_step(ctx: Context):
+    roles = head_roles(ctx.done["repeated_tokens"], ctx.done["copying"], ctx.done["correction"])
+    tokens, _, described = ctx.rerun_batch(partial(circuit_flop, ctx.model.cfg))
+    return circuit_graph(ctx.model, tokens, roles, described)
+
+
 STEPS: tuple[Step, ...] = (
     Step(
         "bigram", "Direct path as a bigram table", lambda ctx: compare_bigrams(ctx.model, ctx.counts),
@@ -177,6 +192,14 @@ STEPS: tuple[Step, ...] = (
     Step(
         "induction_mechanism", "Induction mechanism (score attribution)", induction_mechanism_step, 2,
         reads=("repeated_tokens",), needs_square=True,
+    ),
+    Step(
+        "correction", "The corrected composition picture", correction_step, 1, reads=("repeated_tokens",),
+        needs_square=True,
+    ),
+    Step(
+        "circuit", "The circuit graph", circuit_step, 2, reads=("repeated_tokens", "copying", "correction"),
+        needs_square=True,
     ),
     Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
     Step("task", "The user's task (loss, accuracy, ablations)", task_step, weight=2, needs_user_data=True),

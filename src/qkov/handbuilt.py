@@ -1,9 +1,10 @@
 """Hand-built models whose algorithms are known in advance, in the spirit of the paper's companion
 exercises: a previous-token head and an induction head by K-composition (:func:`induction_model`),
 planted skip-trigrams with copying and anti-copying heads (:func:`skip_trigram_model`), induction
-by pointer arithmetic (Q-composition, :func:`pointer_arithmetic_model`) and a virtual two-back head
-(:func:`two_back_model`). Every analysis must find exactly what was planted: the tests use them as
-fixtures, the tutorials as worked examples.
+by pointer arithmetic (Q-composition, :func:`pointer_arithmetic_model`), a virtual two-back head
+(:func:`two_back_model`) and a head attending to the last several tokens (:func:`with_recent_head`).
+Every analysis must find exactly what was planted: the tests use them as fixtures, the tutorials
+as worked examples.
 
 The residual stream is split into named blocks of one-hot coordinates, so each head's weights
 are written by reading one block and writing another.
@@ -176,6 +177,27 @@ def two_back_model(d_vocab: int = 32, n_ctx: int = 12) -> AttnOnlyTransformer:
                 else:  # the previous position's previous token, into the token block (read by W_U)
                     a.W_V[0, prev + t, t] = 1.0
                     a.W_O[0, t, tok + t] = 5.0  # moderate: positions 0 and 1 have no token two back
+    return model
+
+
+def with_recent_head(model: AttnOnlyTransformer, window: int = 3) -> AttnOnlyTransformer:
+    """``model`` (one of the block models above, standard positions) with L0H1 rewritten as a
+    several-recent-tokens head: its queries and keys read only the position block, scoring 100 on
+    the last ``window`` positions (the current one included) and 0 elsewhere, so it attends evenly
+    to them; its OV is left as it was (small and random)."""
+    V, P = model.cfg.d_vocab, model.cfg.n_ctx
+    attn = model.blocks[0].attn
+    if attn.W_Q.shape[-1] < P:
+        raise ValueError(f"a recent head needs d_head >= n_ctx ({P}), got {attn.W_Q.shape[-1]}")
+    sharp = 100.0 * model.cfg.d_head**0.5
+    with torch.no_grad():
+        attn.W_Q[1].zero_()
+        attn.W_K[1].zero_()
+        for p in range(P):
+            attn.W_K[1, V + p, p] = 1.0
+            for back in range(window):
+                if p - back >= 0:
+                    attn.W_Q[1, V + p, p - back] = sharp
     return model
 
 

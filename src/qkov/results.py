@@ -28,8 +28,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from qkov.circuits.ablation import AblationEffect
 from qkov.circuits.bigrams import BigramComparison
+from qkov.circuits.circuit import Circuit
 from qkov.circuits.composition import Composition, InductionCheck
 from qkov.circuits.copying import Copying, CopyingComparison, DirectCopying
+from qkov.circuits.correction import Correction
 from qkov.circuits.heads import AttentionExamples
 from qkov.circuits.mechanisms import InductionMechanism
 from qkov.circuits.paths import TermImportance
@@ -74,6 +76,8 @@ class Results:
     composition: Composition | None = None
     induction_check: list[InductionCheck] | None = None
     induction_mechanism: list[InductionMechanism] | None = None
+    correction: Correction | None = None
+    circuit: Circuit | None = None
     ablation: list[AblationEffect] | None = None
     task: Task | None = None
     skipped: dict[str, str] = field(default_factory=dict)

@@ -187,6 +187,23 @@ def induction_target_shares(parts: ScoreParts, period: int) -> TargetShares:
     return TargetShares(parts.head, parts.names, contributions, margin, shares)
 
 
+def centred_scores(scores: Float[Tensor, "batch dest src"]) -> Float[Tensor, "batch dest src"]:
+    """``scores`` in float64, centred over each row's ``src <= dest`` (softmax ignores a constant
+    added to a row) and 0 above the diagonal: what attention sees of them."""
+    n = scores.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+    counts = torch.arange(1, n + 1, device=scores.device, dtype=torch.float64)[:, None]
+    scores = scores.double().masked_fill(~causal, 0.0)
+    return (scores - scores.sum(-1, keepdim=True) / counts).masked_fill(~causal, 0.0)
+
+
+def variance_share(term: Float[Tensor, "batch dest src"], total: Float[Tensor, "batch dest src"]) -> float:
+    """One term's share ``Σ T~ S~ / Σ S~^2`` of the variation of the scores ``total`` (both centred
+    by :func:`centred_scores`; see :func:`variance_shares`)."""
+    centred_total = centred_scores(total)
+    return float((centred_scores(term) * centred_total).sum()) / float(centred_total.square().sum())
+
+
 def variance_shares(
     terms: dict[tuple[str, str], Float[Tensor, "batch dest src"]],
 ) -> dict[tuple[str, str], float]:
@@ -195,15 +212,6 @@ def variance_shares(
     every term and the total ``S`` are centred over each row's ``src <= dest``, and a term ``T``'s
     share is ``Σ T~ S~ / Σ S~^2`` (over the batch and every ``src <= dest``). Exact and signed: the
     shares sum to 1; a term that only shifts whole rows has share 0."""
-    first = next(iter(terms.values()))
-    n = first.shape[-1]
-    causal = torch.ones(n, n, dtype=torch.bool, device=first.device).tril()
-    counts = torch.arange(1, n + 1, device=first.device, dtype=torch.float64)[:, None]
-
-    def centred(scores: Tensor) -> Tensor:
-        scores = scores.double().masked_fill(~causal, 0.0)
-        return (scores - scores.sum(-1, keepdim=True) / counts).masked_fill(~causal, 0.0)
-
-    total = centred(sum(terms.values()))
+    total = centred_scores(sum(terms.values()))
     norm = float(total.square().sum())
-    return {pair: float((centred(term) * total).sum()) / norm for pair, term in terms.items()}
+    return {pair: float((centred_scores(term) * total).sum()) / norm for pair, term in terms.items()}

@@ -12,7 +12,16 @@ from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange
 from qkov.circuits.skip_trigrams import BugCost, SkipTrigram, SkipTrigramBug
 from qkov.names import head_name, parse_head
 from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
-from qkov.report.svg import attention_grid, bars, esc, heatmap, line_chart, scatter, training_heatmap
+from qkov.report.svg import (
+    attention_grid,
+    bars,
+    circuit_diagram,
+    esc,
+    heatmap,
+    line_chart,
+    scatter,
+    training_heatmap,
+)
 from qkov.results import Claim, Results
 from qkov.training_log import TrainingPoint
 
@@ -637,6 +646,90 @@ def induction_mechanism_section(r: Results) -> str:
     )
 
 
+def _recent_table(found) -> str:
+    rows = [
+        [h.head, h.window, ", ".join(f"{o:.2f}" for o in h.offsets), _share(h.key_position_share), h.recent]
+        for h in found.heads
+    ]
+    header = ["head", "window k", "attention at offsets 0, 1, ...", "key position share", "several recent"]
+    return figure(
+        table(header, rows),
+        f"Several-recent-tokens heads on {found.tokens}: a head's window k is the fewest last tokens "
+        f"(the current one included) holding {found.recent_mass:.0%} of its attention (at most "
+        f"{found.window_max}); it is a several-recent-tokens head when k is at least 2, no single offset "
+        f"holds {found.spread:.0%} of its attention, and positional key parts carry at least "
+        f"{found.positional_key_share:.0%} of its scores' variation. Found: "
+        f"{', '.join(found.recent_heads) or 'none'}.",
+        "the corrected paper: induction heads also rely on a head which attends to the last several tokens.",
+    )
+
+
+def _writers_table(found) -> str:
+    if not found.writers:
+        return ""
+    earlier = sorted({w for row in found.writers for w in row.key}, key=parse_head)
+    body = [
+        [row.head, *(_share(row.key[w]) for w in earlier), _share(row.beyond_previous)]
+        for row in found.writers
+    ]
+    return figure(
+        table(["induction head", *(f"{w} (key)" for w in earlier), "beyond previous-token"], body),
+        f"Each earlier head's share of an induction head's score margin on the induction target through "
+        f"its key side (all of its parts: token, position, bias), on {found.tokens} of period "
+        f"{found.period}; exact with earlier attention frozen. The last column sums the earlier heads "
+        "that are not previous-token heads.",
+    )
+
+
+def _minimal_text(found) -> str:
+    m = found.minimal
+    if m is None:
+        return ""
+    share = (
+        "undefined (removing the induction heads changes nothing)" if m.share is None else f"{m.share:.0%}"
+    )
+    return figure(
+        table(
+            ["induction heads", "keyed by", "loss: full", "minimal circuit", "heads removed", "share"],
+            [[", ".join(m.induction_heads), ", ".join(m.previous_token_heads), m.loss_full, m.loss_minimal,
+              m.loss_without, share]],
+        ),
+        "The minimal circuit (the induction head's query reads the current token, its key the "
+        "previous-token head's write of its source's token, its value the token; attention elsewhere "
+        "frozen): share = (loss without the heads - loss minimal) / (loss without - loss full), loss "
+        "on the repeats after the first. Causal scrubbing reports 35% for this naive hypothesis and "
+        "89% for a refined one on a 2-layer model.",
+    )  # fmt: skip
+
+
+def correction_section(r: Results) -> str:
+    found = r.correction
+    if found is None:
+        return ""
+    return _recent_table(found) + _writers_table(found) + _minimal_text(found)
+
+
+def circuit_section(r: Results) -> str:
+    circuit = r.circuit
+    if circuit is None:
+        return ""
+    layers: list[list[tuple[str, str]]] = []
+    for node in circuit.nodes:
+        while len(layers) <= node.layer:
+            layers.append([])
+        layers[node.layer].append((node.head, ", ".join(role.replace("_", " ") for role in node.roles)))
+    edges = [(e.writer, e.reader, e.kind, e.weight) for e in circuit.edges]
+    rows = [[e.writer, e.reader, e.kind, f"{e.weight:+.2f}", e.name] for e in circuit.edges]
+    return figure(
+        circuit_diagram(layers, edges, "circuit graph")
+        + table(["writer", "reader", "kind", "weight", "ACDC name"], rows),
+        f"The circuit read off the weights on {circuit.tokens}: heads with their roles, and every "
+        f"Q-, K- and V-composition edge whose share of what the reader reads is at least "
+        f"{circuit.threshold:g} in size (Q, K: of the variation of its scores; V: of its write), with "
+        "attention and LayerNorm scales frozen. Dashed: a negative share.",
+    )
+
+
 def ablation_section(r: Results) -> str:
     effects = r.ablation
     if not effects:
@@ -714,6 +807,8 @@ SECTIONS: dict[str, Callable[[Results], str]] = {
     "composition": composition_section,
     "induction_check": induction_section,
     "induction_mechanism": induction_mechanism_section,
+    "correction": correction_section,
+    "circuit": circuit_section,
     "ablation": ablation_section,
     "term_importance": term_importance_section,
     "task": task_section,

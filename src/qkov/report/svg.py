@@ -358,3 +358,41 @@ def attention_grid(name: str, pattern: list[list[float]], cell: int = 3) -> str:
         f"viewBox='0 0 {n} {n}' xmlns='http://www.w3.org/2000/svg'><rect width='{n}' height='{n}' "
         f"fill='white' stroke='#ccc'/>{cells}</svg>"
     )
+
+
+EDGE_COLOURS = {"Q": "#1f77b4", "K": "#d62728", "V": "#2ca02c"}
+
+
+def circuit_diagram(
+    layers: list[list[tuple[str, str]]], edges: list[tuple[str, str, str, float]], label: str = "circuit"
+) -> str:
+    """A layered graph: ``layers[l]`` the nodes of layer ``l`` as ``(name, caption)``, drawn from
+    the bottom (layer 0) up; ``edges`` as ``(writer, reader, kind, weight)``, coloured by kind
+    (:data:`EDGE_COLOURS`), as wide as ``|weight|`` (dashed when negative), each with a tooltip."""
+    gap, row, margin = 96, 90, 40
+    width = 2 * margin + gap * max((len(nodes) for nodes in layers), default=1)
+    height = 2 * margin + row * max(len(layers) - 1, 0) + 20
+    where = {}
+    for layer, nodes in enumerate(layers):
+        for i, (name, _) in enumerate(nodes):
+            where[name] = (margin + gap * (i + 0.5), height - margin - row * layer)
+    offsets = {"Q": -10.0, "K": 0.0, "V": 10.0}  # the three kinds side by side into a reader
+    parts = []
+    for writer, reader, kind, weight in edges:
+        (x1, y1), (x2, y2) = where[writer], where[reader]
+        dash = ' stroke-dasharray="5 3"' if weight < 0 else ""
+        extra = f' stroke-width="{0.8 + 5 * min(abs(weight), 1.0):.1f}" stroke-opacity="0.75"{dash}'
+        tip = f"<title>{esc(writer)} → {esc(reader)} {kind}: {weight:+.2f}</title>"
+        line = _line(x1, y1 - 12, x2 + offsets[kind], y2 + 30, EDGE_COLOURS[kind], extra)  # below the caption
+        parts.append(line.replace("/>", f">{tip}</line>"))
+    for nodes in layers:
+        for name, caption in nodes:
+            x, y = where[name]
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="12" fill="#f4f4f4" stroke="#333"/>')
+            parts.append(_text(x, y + 4, esc(name), "middle", font=SMALL_FONT))
+            parts.append(_text(x, y + 24, esc(caption), "middle", extra=' fill="#555"', font=SMALL_FONT))
+    for kind, colour in EDGE_COLOURS.items():
+        x = 10 + 110 * list(EDGE_COLOURS).index(kind)
+        parts.append(_line(x, 14, x + 20, 14, colour, ' stroke-width="3"'))
+        parts.append(_text(x + 24, 18, f"{kind}-composition"))
+    return _svg(max(width, 340), height, parts, label)

@@ -23,6 +23,7 @@ from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Jobs
 from qkov.serve.routes import (
     ASSETS,
+    circuit_router,
     data_router,
     error,
     head_router,
@@ -88,6 +89,7 @@ def create_app(explorer: Explorer, jobs: Jobs, allowed_hosts: list[str] | None =
         data_router(explorer, jobs),
         head_router(explorer, jobs),
         pair_router(explorer, jobs),
+        circuit_router(explorer, jobs),
         jobs_router(jobs),
     ):
         app.include_router(router)

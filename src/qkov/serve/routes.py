@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
 from qkov.circuits.skip_trigrams import check_through
+from qkov.serve.circuit import check_circuit, circuit_view
 from qkov.serve.data import check_page, data_rows
 from qkov.serve.explorer import Explorer
 from qkov.serve.head import head_scores, ov_for_token, qk_for_token, skip_trigrams
@@ -157,6 +158,20 @@ def head_router(ex: Explorer, jobs: Jobs) -> APIRouter:
         ex.token(source if source is not None else destination)
         key = ("skip-trigrams", layer, head, source, destination, k)
         return answer(key, lambda p: skip_trigrams(ex, layer, head, source, destination, k, p))
+
+    return router
+
+
+def circuit_router(ex: Explorer, jobs: Jobs) -> APIRouter:
+    """The circuit graph: heads with their roles, Q/K/V edges with their attribution."""
+    router, answer = APIRouter(), _answerer(jobs)
+
+    @router.get(
+        "/api/circuit", summary="The circuit graph: roles, weighted Q/K/V edges (results.json circuit)"
+    )
+    def circuit() -> Response:
+        check_circuit(ex)
+        return answer(("circuit",), lambda progress: circuit_view(ex, progress))
 
     return router
 

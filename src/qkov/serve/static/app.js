@@ -467,3 +467,63 @@ async function start() {
   if (state.writer && state.reader) showPair();
 }
 start().catch(report);
+
+// -- circuit: the graph results.json holds; click an edge for its attribution -------------------
+var circuitGraph = null;
+var EDGE_COLOURS = { Q: '#1f77b4', K: '#d62728', V: '#2ca02c' };
+function svgNode(tag, attrs) {
+  var node = document.createElementNS('http://www.w3.org/2000/svg', tag);
+  Object.keys(attrs).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+  return node;
+}
+function circuitPositions(nodes) {
+  var layers = {}, where = {}, gap = 110, row = 110, margin = 50;
+  nodes.forEach(function (n) { (layers[n.layer] = layers[n.layer] || []).push(n); });
+  var count = Object.keys(layers).length, widest = Math.max.apply(null, Object.values(layers).map(function (l) { return l.length; }));
+  Object.keys(layers).forEach(function (layer) {
+    layers[layer].forEach(function (n, i) { where[n.head] = [margin + gap * (i + 0.5), margin + row * (count - 1 - layer) + 20]; });
+  });
+  return { where: where, width: 2 * margin + gap * widest, height: 2 * margin + row * (count - 1) + 40 };
+}
+function drawCircuit() {
+  var box = clear($('circuit')), g = circuitGraph;
+  var layout = circuitPositions(g.nodes), offsets = { Q: -10, K: 0, V: 10 };
+  var svg = svgNode('svg', { width: layout.width, height: layout.height, 'aria-label': 'circuit graph' });
+  g.edges.forEach(function (e, i) {
+    var a = layout.where[e.writer], b = layout.where[e.reader];
+    var ends = { x1: a[0], y1: a[1] - 14, x2: b[0] + offsets[e.kind], y2: b[1] + 34 };  // below the roles
+    var line = svgNode('line', Object.assign({ stroke: EDGE_COLOURS[e.kind], 'stroke-width': 1 + 5 * Math.min(Math.abs(e.weight), 1),
+      'stroke-opacity': 0.75 }, ends));
+    if (e.weight < 0) line.setAttribute('stroke-dasharray', '5 3');
+    var hit = svgNode('line', Object.assign({ stroke: '#000', 'stroke-opacity': 0, 'stroke-width': 12, 'pointer-events': 'stroke',
+      'class': 'circuit-edge', 'data-edge': i }, ends));
+    var tip = svgNode('title', {}); tip.textContent = e.writer + ' → ' + e.reader + ' ' + e.kind + ' ' + fmt(e.weight, 2);
+    hit.appendChild(tip);
+    hit.addEventListener('click', function () { showEdge(i); });
+    svg.appendChild(line); svg.appendChild(hit);
+  });
+  g.nodes.forEach(function (n) {
+    var p = layout.where[n.head];
+    svg.appendChild(svgNode('circle', { cx: p[0], cy: p[1], r: 14, fill: '#f4f4f4', stroke: '#333' }));
+    var name = svgNode('text', { x: p[0], y: p[1] + 4, 'text-anchor': 'middle' }); name.textContent = n.head;
+    var roles = svgNode('text', { x: p[0], y: p[1] + 28, 'text-anchor': 'middle', fill: '#555' });
+    roles.textContent = n.roles.map(function (r) { return r.replace(/_/g, ' '); }).join(', ');
+    svg.appendChild(name); svg.appendChild(roles);
+  });
+  box.appendChild(svg);
+  box.appendChild(el('p', { cls: 'small', text: g.edges.length + ' edges with |weight| ≥ ' + g.threshold + ', measured on ' + g.tokens + '.' }));
+}
+function showEdge(i) {
+  var e = circuitGraph.edges[i], box = clear($('circuit-edge'));
+  box.appendChild(el('h3', { text: e.writer + ' → ' + e.reader + ' (' + e.kind + '-composition): ' + fmt(e.weight, 3) }));
+  box.appendChild(el('p', {}, ['ACDC name: ', el('code', { text: e.name })]));
+  var rows = Object.keys(e.parts).map(function (p) {
+    return el('tr', {}, [el('td', { text: p }), el('td', { cls: 'num', text: fmt(e.parts[p], 4) })]);
+  });
+  box.appendChild(table(['writer part', 'share of ' + e.reader + "'s " + (e.kind === 'V' ? 'write' : e.kind === 'Q' ? 'score variation (query side)' : 'score variation (key side)')], rows));
+}
+function showCircuit() {
+  showError('');
+  return api('/api/circuit', 'reading the circuit').then(function (body) { circuitGraph = body; drawCircuit(); }).catch(report);
+}
+$('circuit-go').addEventListener('click', showCircuit);

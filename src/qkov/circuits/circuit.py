@@ -1,0 +1,195 @@
+"""The circuit read off the weights (sections "Three Kinds of Composition" and "Two-Layer
+Attention-Only Transformers"): heads as nodes with their roles, Q-, K- and V-composition as typed,
+weighted edges between them, measured exactly on repeated random tokens.
+
+*Roles*, each from the analysis that owns it: ``previous_token`` and ``induction``
+(:mod:`qkov.circuits.repeated`'s thresholds), ``duplicate_token`` (mean attention to the previous
+occurrence of the same token above :data:`DUPLICATE_TOKEN_HEAD`), ``copying`` (the OV eigenvalue
+score above its random baseline, :mod:`qkov.circuits.copying`) and ``several_recent_tokens``
+(:mod:`qkov.circuits.correction`).
+
+*Edges*, writer ``w`` (a head of an earlier layer) into reader ``r``, with attention and LayerNorm
+scales frozen at the model's run (:mod:`qkov.circuits.attribution`), every weight a signed share
+that sums to 1 over all writers (the embeddings and biases included) of the reader's input:
+
+- ``Q``: the share of the variation of ``r``'s pre-softmax scores (centred over each row, what
+  softmax sees; :func:`~qkov.circuits.attribution.variance_share`) from the terms whose query part
+  is one of ``w``'s parts (``L0H3``, ``L0H3.pos``, ``L0H3.bias``, ``L0H3.mlp``);
+- ``K``: the same with the key part;
+- ``V``: the share of ``r``'s write (``hook_result``) that ``w``'s parts carry through ``r``'s OV
+  circuit at its frozen pattern, ``<write_w, write> / |write|^2`` over the batch and positions
+  (paper, column vectors: ``A^r ⊗ W_OV^r`` applied to ``w``'s write).
+
+An edge is kept when ``|weight| >= EDGE_THRESHOLD`` (0.1: a tenth of what the reader reads). Each
+kept edge also carries ``parts``, its weight split by the writer's parts (what the explorer shows
+when an edge is clicked), and ``name`` in the convention of automated circuit discovery (ACDC,
+Conmy et al. 2023, TransformerLens hook names with ACDC's ``TorchIndex`` printed as ``[:, :, h]``):
+``blocks.1.hook_k_input[:, :, 4]<-blocks.0.attn.hook_result[:, :, 3]`` for L0H3 into L1H4's keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from qkov.circuits.attribution import ScoreParts, score_parts, stream_parts, variance_share
+from qkov.circuits.copying import Copying
+from qkov.circuits.correction import Correction, parts_of, scores_from
+from qkov.circuits.mechanisms import induction_mechanism_flop
+from qkov.circuits.paths import BIAS, Frozen, freeze
+from qkov.circuits.repeated import RepeatedTokens
+from qkov.config import Config
+from qkov.model import AttnOnlyTransformer
+from qkov.names import head_name, norm_name, parse_head
+from qkov.numbers import finite
+
+EDGE_THRESHOLD = 0.1
+# The induction threshold's value: on repeated random tokens both read attention to one offset.
+DUPLICATE_TOKEN_HEAD = 0.3
+KINDS = ("Q", "K", "V")
+
+
+@dataclass(frozen=True)
+class CircuitNode:
+    """A head and its roles (module docstring; empty when it plays none)."""
+
+    head: str
+    layer: int
+    roles: list[str]
+
+
+@dataclass(frozen=True)
+class CircuitEdge:
+    """``writer``'s composition into ``reader`` of ``kind`` Q, K or V, ``weight`` its share (module
+    docstring), ``parts`` that share by the writer's part, ``name`` the ACDC-style edge name."""
+
+    writer: str
+    reader: str
+    kind: str
+    weight: float
+    parts: dict[str, float]
+    name: str
+
+
+@dataclass(frozen=True)
+class Circuit:
+    """The circuit graph: every head (``nodes``), the edges of ``|weight| >= threshold``, measured
+    on ``tokens``."""
+
+    nodes: list[CircuitNode]
+    edges: list[CircuitEdge]
+    threshold: float
+    tokens: str
+
+
+def acdc_name(writer: str, reader: str, kind: str) -> str:
+    """The edge's name as ACDC writes it (module docstring)."""
+    (wl, wh), (rl, rh) = parse_head(writer), parse_head(reader)
+    return f"blocks.{rl}.hook_{kind.lower()}_input[:, :, {rh}]<-blocks.{wl}.attn.hook_result[:, :, {wh}]"
+
+
+def value_shares(
+    model: AttnOnlyTransformer, tokens: Tensor, reader: str, frozen: Frozen
+) -> dict[str, float | None]:
+    """Each part's share ``<write_j, write> / |write|^2`` of ``reader``'s write (module docstring)."""
+    layer, index = parse_head(reader, model.cfg)
+    attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
+    scale = frozen.scales.get(norm_name(layer, "ln1"))
+    pattern = frozen.patterns[layer][:, index]
+    writes = {}
+    for name, stream in stream_parts(model, tokens, layer, frozen).items():
+        x = stream if ln is None else (ln(stream, scale) if name == BIAS else ln.linear(stream, scale))
+        v = x @ attn.W_V[index]
+        if name == BIAS and attn.b_V is not None:
+            v = v + attn.b_V[index]
+        writes[name] = (pattern @ v @ attn.W_O[index]).double()
+    total = sum(writes.values())
+    norm = float(total.square().sum())
+    return {name: finite(float((w * total).sum()) / norm) for name, w in writes.items()}
+
+
+def score_shares(parts: ScoreParts, side: str) -> dict[str, float | None]:
+    """Each part's share of the variation of the reader's scores on the query or the key side."""
+    everything = list(range(len(parts.names)))
+    total = scores_from(parts, everything, everything)
+    shares = {}
+    for i, name in enumerate(parts.names):
+        term = scores_from(parts, [i], everything) if side == "Q" else scores_from(parts, everything, [i])
+        shares[name] = finite(variance_share(term, total))
+    return shares
+
+
+def reader_edges(
+    model: AttnOnlyTransformer, tokens: Tensor, reader: str, frozen: Frozen, threshold: float
+) -> list[CircuitEdge]:
+    """The kept edges into ``reader`` from every head of an earlier layer."""
+    parts = score_parts(model, tokens, reader, frozen)
+    by_kind = {"Q": score_shares(parts, "Q"), "K": score_shares(parts, "K")}
+    by_kind["V"] = value_shares(model, tokens, reader, frozen)
+    layer, _ = parse_head(reader)
+    edges = []
+    for kind in KINDS:
+        shares = by_kind[kind]
+        names = list(shares)
+        for writer in (head_name(w, h) for w in range(layer) for h in range(model.cfg.n_heads)):
+            split = {names[i]: shares[names[i]] or 0.0 for i in parts_of(writer, names)}
+            weight = sum(split.values())
+            if abs(weight) >= threshold:
+                edges.append(
+                    CircuitEdge(writer, reader, kind, weight, split, acdc_name(writer, reader, kind))
+                )
+    return edges
+
+
+def head_roles(
+    repeated: RepeatedTokens, copying: Copying | None, correction: Correction | None
+) -> dict[str, list[str]]:
+    """Every head's roles (module docstring), by head name."""
+    roles: dict[str, list[str]] = {h.name: [] for h in repeated.heads}
+    copies = {h.name for h in copying.heads if h.copies} if copying is not None else set()
+    recent = set(correction.recent_heads) if correction is not None else set()
+    for h in repeated.heads:
+        checks = (
+            ("previous_token", h.name in repeated.previous_token_heads),
+            ("induction", h.name in repeated.induction_heads),
+            ("duplicate_token", (h.duplicate_token_score or 0.0) > DUPLICATE_TOKEN_HEAD),
+            ("copying", h.name in copies),
+            ("several_recent_tokens", h.name in recent),
+        )
+        roles[h.name] = [role for role, holds in checks if holds]
+    return roles
+
+
+def circuit_flop(cfg: Config, length: int) -> float:
+    """FLOP per token of :func:`circuit_graph`: every reader's score parts (counted as the induction
+    mechanism's), twice over for the per-part Q and K terms and once more for the V parts."""
+    return 3 * induction_mechanism_flop(cfg, length, cfg.n_heads * max(cfg.n_layers - 1, 0))
+
+
+@torch.no_grad()
+def circuit_graph(
+    model: AttnOnlyTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    roles: dict[str, list[str]],
+    described: str = "repeated random tokens",
+    threshold: float = EDGE_THRESHOLD,
+) -> Circuit:
+    """The circuit graph of ``model`` on ``tokens`` with the heads' ``roles`` (:func:`head_roles`)."""
+    tokens = model.check_tokens(tokens)
+    frozen = freeze(model, tokens)
+    cfg = model.cfg
+    nodes = [
+        CircuitNode(head_name(layer, h), layer, roles.get(head_name(layer, h), []))
+        for layer in range(cfg.n_layers)
+        for h in range(cfg.n_heads)
+    ]
+    edges = [
+        edge
+        for layer in range(1, cfg.n_layers)
+        for h in range(cfg.n_heads)
+        for edge in reader_edges(model, tokens, head_name(layer, h), frozen, threshold)
+    ]
+    return Circuit(nodes, edges, threshold, described)

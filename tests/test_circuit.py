@@ -1,0 +1,113 @@
+"""The circuit graph: the hand-built models' planted edges (K-composition of induction, the pointer's
+Q-composition, the two-back head's V-composition) come out with their kinds, weights and ACDC
+names; every side's shares sum to 1 and match dense float64 computations from the model's own
+cache; roles come from the analyses that own them; and the registered step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import TypeAdapter
+
+from qkov.analyze import run_steps
+from qkov.circuits.attribution import score_parts
+from qkov.circuits.circuit import Circuit, acdc_name, circuit_graph, reader_edges, score_shares, value_shares
+from qkov.circuits.paths import freeze
+from qkov.data.random_tokens import repeated_random_tokens
+from qkov.names import hook_name
+from test_correction import centred_share
+
+from conftest import float64_model
+from handbuilt import induction_model, pointer_arithmetic_model, two_back_model, with_recent_head
+
+PERIOD = 4
+
+
+def repeated(model, period: int = PERIOD) -> torch.Tensor:
+    return repeated_random_tokens(8, period, 3, model.cfg.d_vocab, torch.Generator().manual_seed(0))
+
+
+def edge(circuit: Circuit, writer: str, reader: str, kind: str):
+    found = [e for e in circuit.edges if (e.writer, e.reader, e.kind) == (writer, reader, kind)]
+    return found[0] if found else None
+
+
+def test_acdc_names():
+    assert (
+        acdc_name("L0H3", "L1H4", "K") == "blocks.1.hook_k_input[:, :, 4]<-blocks.0.attn.hook_result[:, :, 3]"
+    )
+    assert acdc_name("L2H0", "L5H11", "Q").startswith("blocks.5.hook_q_input[:, :, 11]<-blocks.2.")
+
+
+def test_the_planted_edges():
+    model = induction_model().double()
+    k = edge(circuit_graph(model, repeated(model), {}), "L0H0", "L1H0", "K")
+    assert k is not None and k.weight > 0.5 and k.parts == {"L0H0": k.weight, "L0H0.pos": 0.0}
+    assert k.name == acdc_name("L0H0", "L1H0", "K")
+    # its values read the token block, which the previous-token head does not write
+    assert edge(circuit_graph(model, repeated(model), {}), "L0H0", "L1H0", "V") is None
+    model = pointer_arithmetic_model().double()
+    q = edge(circuit_graph(model, repeated(model), {}), "L0H0", "L1H0", "Q")
+    assert q.weight == pytest.approx(1.0, abs=1e-3) and q.parts["L0H0.pos"] == pytest.approx(q.weight)
+    model = two_back_model().double()
+    v = edge(circuit_graph(model, repeated(model), {}), "L0H0", "L1H0", "V")
+    assert v.weight == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("positions", ["shortformer", "standard"])
+@pytest.mark.parametrize("variant", [{}, {"normalization": "LN"}, {"normalization": "LN", "d_mlp": 8}])
+def test_every_side_sums_to_one(positions, variant):
+    model = float64_model(2, positions, biases=True, **variant)
+    tokens = repeated(model, 3)
+    frozen = freeze(model, tokens)
+    parts = score_parts(model, tokens, "L1H1", frozen)
+    for shares in (
+        score_shares(parts, "Q"),
+        score_shares(parts, "K"),
+        value_shares(model, tokens, "L1H1", frozen),
+    ):
+        assert sum(shares.values()) == pytest.approx(1.0, abs=1e-10)
+
+
+def test_the_weights_are_the_dense_shares():
+    model = float64_model(2, "standard")
+    tokens = repeated(model, 3)
+    frozen = freeze(model, tokens)
+    edges = {(e.writer, e.kind): e.weight for e in reader_edges(model, tokens, "L1H0", frozen, 0.0)}
+    _, cache = model.run_with_cache(tokens)
+    attn = model.blocks[1].attn
+    resid = cache[hook_name(1, "resid_pre")]
+    q, k = resid @ attn.W_Q[0] / math.sqrt(model.cfg.d_head), resid @ attn.W_K[0]
+    pattern, own = cache[hook_name(1, "pattern")][:, 0], cache[hook_name(1, "result")][:, :, 0]
+    for w in range(model.cfg.n_heads):
+        write = cache[hook_name(0, "result")][:, :, w]
+        through = pattern @ write @ attn.W_V[0] @ attn.W_O[0]
+        assert edges[(f"L0H{w}", "V")] == pytest.approx(
+            float((through * own).sum() / own.square().sum()), abs=1e-10
+        )
+        q_w = write @ attn.W_Q[0] / math.sqrt(model.cfg.d_head)
+        assert edges[(f"L0H{w}", "Q")] == pytest.approx(centred_share(q_w @ k.mT, q @ k.mT), abs=1e-10)
+        assert edges[(f"L0H{w}", "K")] == pytest.approx(
+            centred_share(q @ (write @ attn.W_K[0]).mT, q @ k.mT), abs=1e-10
+        )
+
+
+def test_the_threshold_keeps_only_large_edges():
+    model = induction_model().double()
+    circuit = circuit_graph(model, repeated(model), {}, threshold=0.3)
+    assert circuit.threshold == 0.3 and all(abs(e.weight) >= 0.3 for e in circuit.edges)
+    assert len(circuit.edges) < len(circuit_graph(model, repeated(model), {}, threshold=0.0).edges)
+
+
+def test_the_step_reads_the_roles_and_round_trips():
+    model = with_recent_head(induction_model(n_ctx=16)).double()
+    circuit = run_steps(model, ["circuit"])["circuit"]
+    roles = {node.head: node.roles for node in circuit.nodes}
+    assert "previous_token" in roles["L0H0"] and "several_recent_tokens" in roles["L0H1"]
+    assert {"induction", "copying"} <= set(roles["L1H0"])
+    into = [e for e in circuit.edges if e.reader == "L1H0"]  # the recency term takes the rest
+    assert max(into, key=lambda e: e.weight) == edge(circuit, "L0H0", "L1H0", "K")
+    adapter = TypeAdapter(Circuit)
+    assert adapter.validate_json(adapter.dump_json(circuit)) == circuit
