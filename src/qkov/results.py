@@ -32,6 +32,7 @@ from qkov.circuits.composition import Composition, InductionCheck
 from qkov.circuits.copying import Copying, CopyingComparison, DirectCopying
 from qkov.circuits.heads import AttentionExamples
 from qkov.circuits.mechanisms import InductionMechanism
+from qkov.circuits.neurons import Neurons
 from qkov.circuits.paths import TermImportance
 from qkov.circuits.phase_change import PhaseChange
 from qkov.circuits.repeated import RepeatedTokens
@@ -75,6 +76,7 @@ class Results:
     induction_check: list[InductionCheck] | None = None
     induction_mechanism: list[InductionMechanism] | None = None
     ablation: list[AblationEffect] | None = None
+    neurons: Neurons | None = None
     task: Task | None = None
     skipped: dict[str, str] = field(default_factory=dict)
 
