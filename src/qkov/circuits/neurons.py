@@ -120,11 +120,13 @@ def _mlp(model: AttnOnlyTransformer, layer: int):
 
 
 def _neuron_ids(model: AttnOnlyTransformer, neurons: Int[Tensor, "n"] | list[int] | None) -> Tensor:
-    d_mlp = model.cfg.d_mlp
-    ids = torch.arange(d_mlp) if neurons is None else torch.as_tensor(neurons, dtype=torch.long).reshape(-1)
+    d_mlp, device = model.cfg.d_mlp, model.device
+    if neurons is None:
+        return torch.arange(d_mlp, device=device)
+    ids = torch.as_tensor(neurons, dtype=torch.long, device=device).reshape(-1)
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= d_mlp):
         raise QkovError(f"neuron ids must lie in [0, {d_mlp}), got {ids.tolist()[:5]}...")
-    return ids.to(model.device)
+    return ids
 
 
 def neuron_keys(
