@@ -48,7 +48,7 @@ from qkov.config import Config
 from qkov.data.user_tokens import IGNORE
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
-from qkov.linalg import FactoredMatrix
+from qkov.linalg import FactoredMatrix, outer_root
 from qkov.model import AttnOnlyTransformer, normalized
 from qkov.names import hook_name, norm_name, scale_hook
 
@@ -155,15 +155,15 @@ def neuron_values(
     return FactoredMatrix(values, circuit.W_U.detach()).topk_per_row(k, largest=largest)
 
 
-def logit_effects(model: AttnOnlyTransformer, layer: int) -> Float[Tensor, "d_mlp"]:
+def logit_effects(model: AttnOnlyTransformer) -> Float[Tensor, "n_layers d_mlp"]:
     """Every neuron's direct logit effect ``||W_out[n] W_U|| / sqrt(d_vocab)`` on the folded weights
-    (see the module docstring), from ``W_U W_U^T`` in float64: no ``d_mlp x d_vocab`` product."""
+    (see the module docstring): ``||W_out[n] R^T||`` with ``R^T R = W_U W_U^T``
+    (:func:`qkov.linalg.outer_root`, once for every layer), no ``d_mlp x d_vocab`` product."""
     circuit = circuit_model(model)
-    W_out = _mlp(circuit, layer).W_out.detach().double()
-    W_U = circuit.W_U.detach().double()
-    gram = W_U @ W_U.T
-    squares = ((W_out @ gram) * W_out).sum(-1).clamp_min(0)
-    return (squares / W_U.shape[1]).sqrt().to(circuit.W_U.dtype)
+    _mlp(circuit, 0)
+    root = outer_root(circuit.W_U.detach().T)  # [k, d_model]
+    W_out = torch.stack([block.mlp.W_out.detach() for block in circuit.blocks])
+    return (W_out @ root.T).norm(dim=-1) / circuit.cfg.d_out**0.5
 
 
 # -- the last MLP on data: exact direct logit contributions -----------------------------------------
@@ -334,9 +334,8 @@ def neuron_analysis(
     if tokens is not None:
         tokens = model.check_tokens(tokens)
         targets = next_token_targets(tokens) if targets is None else targets
-    layers, error = [], None
-    for layer in range(model.cfg.n_layers):
-        effects = logit_effects(circuit, layer)
+    layers, error, every = [], None, logit_effects(circuit)
+    for layer, effects in enumerate(every):
         if layer == last and tokens is not None:
             ids, rows, error = _on_data(model, tokens, targets, top)
             read = _read(circuit, layer, ids, effects, k)
