@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import qkov
 from qkov.analyze import STEPS, analyze
 from qkov.circuits.neurons import (
     DATA_RANKING,
@@ -27,6 +26,7 @@ from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
 
 from conftest import float64_model, small_config, tokens_for
+from handbuilt import neuron_model
 
 STYLES = [("LN", False), ("LN", True), ("LNPre", False), ("none", True), ("none", False)]
 
@@ -106,27 +106,8 @@ def test_each_neuron_contribution_is_its_activation_times_its_value_through_the_
     torch.testing.assert_close(per_target, want, rtol=1e-12, atol=1e-12)
 
 
-def hand_built_neuron_model() -> qkov.AttnOnlyTransformer:
-    """One layer, no LayerNorm, ReLU MLP, attention writing nothing: neuron 2's key reads basis
-    direction 0, which only token 5's embedding has; its value writes direction 1, which only
-    token 7's unembedding reads (and token 3's with the opposite sign)."""
-    cfg = qkov.Config(1, 1, 4, 2, 9, 6, d_mlp=4, act_fn="relu")
-    model = qkov.AttnOnlyTransformer(cfg).double()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        model.W_E[5, 0] = 2.0
-        model.W_E[1, 0] = 0.5
-        model.W_E[4, 0] = -1.0
-        model.blocks[0].mlp.W_in[0, 2] = 1.5
-        model.blocks[0].mlp.W_out[2, 1] = 1.0
-        model.W_U[1, 7] = 3.0
-        model.W_U[1, 3] = -2.0
-    return model
-
-
 def test_a_hand_built_neuron_has_the_planted_key_and_value():
-    model = hand_built_neuron_model()
+    model = neuron_model()
     keys, ids = neuron_keys(model, 0, [2], k=2)
     assert ids.tolist() == [[5, 1]] and keys.tolist() == [[3.0, 0.75]]
     up, raised = neuron_values(model, 0, [2], k=1)

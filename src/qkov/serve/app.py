@@ -21,7 +21,16 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from qkov.errors import QkovError
 from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Jobs
-from qkov.serve.routes import ASSETS, error, head_router, jobs_router, page_router, pair_router, text_router
+from qkov.serve.routes import (
+    ASSETS,
+    error,
+    head_router,
+    jobs_router,
+    neuron_router,
+    page_router,
+    pair_router,
+    text_router,
+)
 
 # The page runs only its own script and style; nothing else loads, nothing inline runs.
 SECURITY_HEADERS = {
@@ -78,6 +87,7 @@ def create_app(explorer: Explorer, jobs: Jobs, allowed_hosts: list[str] | None =
         text_router(explorer, jobs),
         head_router(explorer, jobs),
         pair_router(explorer, jobs),
+        neuron_router(explorer, jobs),
         jobs_router(jobs),
     ):
         app.include_router(router)
