@@ -180,13 +180,13 @@ def two_back_model(d_vocab: int = 32, n_ctx: int = 12) -> AttnOnlyTransformer:
     return model
 
 
-def neuron_model(d_vocab: int = 9) -> Transformer:
+def neuron_model(d_vocab: int = 9, n_ctx: int = 6) -> Transformer:
     """One layer, no LayerNorm, a ReLU MLP of 4 neurons, attention that writes nothing (every other
     weight zero): neuron 2's key reads coordinate 0, which token 5's embedding holds (2.0; token 1:
     0.5; token 4: -1.0) through ``W_in = 1.5``; its value writes coordinate 1, which the logit of
     token 7 reads with 3.0 and that of token 3 with -2.0. So token 5 excites it most (3.0), and
     its write raises token 7 most and lowers token 3 most, by 3.0 and 2.0 per unit of activation."""
-    model = Transformer(Config(1, 1, 4, 2, d_vocab, 6, d_mlp=4, act_fn="relu"))
+    model = Transformer(Config(1, 1, 4, 2, d_vocab, n_ctx, d_mlp=4, act_fn="relu"))
     with torch.no_grad():
         for param in model.parameters():
             param.zero_()

@@ -378,7 +378,7 @@ function showNeuron(layer, neuron) {
     box.appendChild(el('h3', { text: 'L' + body.layer + 'N' + body.neuron + ': direct logit effect ' + fmt(body.logit_effect) +
       ' (rank ' + body.rank + ' of ' + model.config.d_mlp + ' in its layer)' }));
     box.appendChild(neuronTable(body));
-    box.appendChild(el('p', { cls: 'small', text: 'Direct path on the LayerNorm-folded weights at unit LayerNorm scale: key W_E W_in[:, n] ' +
+    box.appendChild(el('p', { cls: 'small', text: 'Direct path, LayerNorm folded (if any) at unit scale: key W_E W_in[:, n] ' +
       '(the pre-activation a token\'s embedding alone gives), value W_out[n] W_U (logits per unit of activation).' }));
   }).catch(report);
 }
