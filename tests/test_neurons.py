@@ -11,11 +11,11 @@ from qkov.analyze import STEPS, analyze
 from qkov.circuits.neurons import (
     DATA_RANKING,
     WEIGHT_RANKING,
-    logit_effects,
     mlp_logit_terms,
     neuron_analysis,
     neuron_keys,
     neuron_logit_contributions,
+    neuron_logit_effects,
     neuron_values,
     next_token_targets,
     target_contributions,
@@ -61,7 +61,7 @@ def test_keys_and_values_are_the_top_entries_of_the_dense_folded_products(normal
             torch.testing.assert_close(got, want.values, rtol=0, atol=1e-12)
             assert torch.equal(ids, want.indices)
         rms = values.square().mean(-1).sqrt()
-        torch.testing.assert_close(logit_effects(model)[layer], rms, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(neuron_logit_effects(model)[layer], rms, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize(("normalization", "biases"), STYLES)
@@ -162,6 +162,6 @@ def test_the_step_runs_for_mlp_models_and_says_why_not_for_attention_only_ones()
     first = neurons.layers[0].neurons
     effects = [n.logit_effect for n in first]
     assert effects == sorted(effects, reverse=True) and len(first) == 10
-    assert [n.neuron for n in first] == logit_effects(model)[0].topk(10).indices.tolist()
+    assert [n.neuron for n in first] == neuron_logit_effects(model)[0].topk(10).indices.tolist()
     last = [n.on_data.target_logit_abs for n in neurons.layers[1].neurons]
     assert last == sorted(last, reverse=True)

@@ -155,7 +155,7 @@ def neuron_values(
     return FactoredMatrix(values, circuit.W_U.detach()).topk_per_row(k, largest=largest)
 
 
-def logit_effects(model: AttnOnlyTransformer) -> Float[Tensor, "n_layers d_mlp"]:
+def neuron_logit_effects(model: AttnOnlyTransformer) -> Float[Tensor, "n_layers d_mlp"]:
     """Every neuron's direct logit effect ``||W_out[n] W_U|| / sqrt(d_vocab)`` on the folded weights
     (see the module docstring): ``||W_out[n] R^T||`` with ``R^T R = W_U W_U^T``
     (:func:`qkov.linalg.outer_root`, once for every layer), no ``d_mlp x d_vocab`` product."""
@@ -334,7 +334,7 @@ def neuron_analysis(
     if tokens is not None:
         tokens = model.check_tokens(tokens)
         targets = next_token_targets(tokens) if targets is None else targets
-    layers, error, every = [], None, logit_effects(circuit)
+    layers, error, every = [], None, neuron_logit_effects(circuit)
     for layer, effects in enumerate(every):
         if layer == last and tokens is not None:
             ids, rows, error = _on_data(model, tokens, targets, top)

@@ -6,7 +6,7 @@ neurons of the largest direct logit effect to pick from."""
 
 from __future__ import annotations
 
-from qkov.circuits.neurons import logit_effects, neuron_keys, neuron_values
+from qkov.circuits.neurons import neuron_keys, neuron_logit_effects, neuron_values
 from qkov.errors import QkovError
 from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Progress
@@ -30,7 +30,7 @@ def neuron_view(ex: Explorer, layer: int, neuron: int, k: int, progress: Progres
     raises and lowers (logits per unit of activation), its direct logit effect and rank in its
     layer, and the layer's neurons of the largest effect."""
     progress.step(0, 2, "every neuron's direct logit effect")
-    effects = ex.once("neuron_logit_effects", lambda: logit_effects(ex.circuit))[layer]
+    effects = ex.once("neuron_logit_effects", lambda: neuron_logit_effects(ex.circuit))[layer]
     progress.step(1, 2, "the neuron's rows over the vocabulary")
     keys, key_ids = neuron_keys(ex.circuit, layer, [neuron], k)
     up, up_ids = neuron_values(ex.circuit, layer, [neuron], k)
