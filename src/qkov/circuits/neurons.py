@@ -37,6 +37,7 @@ They are read on the model itself (not folded), so they sum to its logits.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -169,9 +170,10 @@ def neuron_logit_effects(model: AttnOnlyTransformer) -> Float[Tensor, "n_layers 
 # -- the last MLP on data: exact direct logit contributions -----------------------------------------
 @dataclass(frozen=True)
 class _LastMLP:
-    """What the last MLP's split reads from one run: the stream before it, its activations, and
-    ``ln_final``'s scale (None without LayerNorm)."""
+    """What the last MLP's split reads from one run: its logits, the stream before the last MLP, its
+    activations, and ``ln_final``'s scale (None without LayerNorm)."""
 
+    logits: Float[Tensor, "batch pos d_vocab"]
     resid_mid: Float[Tensor, "batch pos d_model"]
     post: Float[Tensor, "batch pos d_mlp"]
     scale: Float[Tensor, "batch pos 1"] | None
@@ -182,14 +184,14 @@ def _last_mlp_run(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) 
     mlp = _mlp(model, last)
     tokens = model.check_tokens(tokens)
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens)
+        logits, cache = model.run_with_cache(tokens)
         resid_mid = cache[hook_name(last, "resid_mid")]
         ln2 = model.blocks[last].ln2
         x = resid_mid if ln2 is None else ln2(resid_mid, cache[scale_hook(norm_name(last, "ln2"))])
         pre = x @ mlp.W_in
         post = mlp.act(pre if mlp.b_in is None else pre + mlp.b_in)
     scale = cache.get(scale_hook(norm_name(None, "ln_final")))
-    return _LastMLP(resid_mid, post, scale)
+    return _LastMLP(logits, resid_mid, post, scale)
 
 
 def _unembed_linear(model: AttnOnlyTransformer, x: Tensor, scale: Tensor | None) -> Tensor:
@@ -228,21 +230,22 @@ def mlp_logit_terms(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
     each: ``"before"`` (every path into the stream before it), ``"neurons"`` (the sum of every
     neuron's direct contribution), ``"b_out"`` and ``"constant"`` (``ln_final``'s ``b`` and ``b_U``;
     zeros without them). They sum to ``model(tokens)``."""
-    return _terms(model, _last_mlp_run(model, tokens))
+    run = _last_mlp_run(model, tokens)
+    return {name: term.expand_as(run.logits) for name, term in _terms(model, run)}
 
 
-def _terms(model: AttnOnlyTransformer, run: _LastMLP) -> dict[str, Tensor]:
+def _terms(model: AttnOnlyTransformer, run: _LastMLP) -> Iterator[tuple[str, Tensor]]:
+    """The four terms one at a time (each broadcasts to the logits' shape), so that a caller
+    summing them holds at most two logit-sized tensors."""
     with torch.no_grad():
         ids = torch.arange(model.cfg.d_mlp, device=model.device)
-        before = _unembed_linear(model, run.resid_mid, run.scale)
-        zero = torch.zeros_like(before)
-        terms = {"before": before, "neurons": _per_scale(run, ids) @ (_value_logits(model, ids) @ model.W_U)}
+        yield "before", _unembed_linear(model, run.resid_mid, run.scale)
+        yield "neurons", _per_scale(run, ids) @ (_value_logits(model, ids) @ model.W_U)
         b_out = model.blocks[-1].mlp.b_out
-        terms["b_out"] = zero if b_out is None else _unembed_linear(model, b_out, run.scale) + zero
+        zero = run.logits.new_zeros(())
+        yield "b_out", zero if b_out is None else _unembed_linear(model, b_out, run.scale)
         constant = normalized(model.ln_final, torch.zeros_like(run.resid_mid[..., :1, :])) @ model.W_U
-        terms["constant"] = (constant if model.b_U is None else constant + model.b_U) + zero
-    return terms
-
+        yield "constant", constant if model.b_U is None else constant + model.b_U
 
 def next_token_targets(tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
     """Each position's next token as its target (``IGNORE`` at the last position)."""
@@ -311,7 +314,10 @@ def _on_data(
     activation = (run.post * has).sum((0, 1)) / positions
     rows = [NeuronOnData(float(activation[n]), float(mean[n]), float(mean_abs[n])) for n in ids.tolist()]
     with torch.no_grad():
-        error = (sum(_terms(model, run).values()) - model(tokens)).abs().max()
+        gap = run.logits.clone()
+        for _, term in _terms(model, run):
+            gap -= term
+        error = gap.abs().max()
     return ids, rows, float(error)
 
 
