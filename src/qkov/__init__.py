@@ -30,6 +30,15 @@ from qkov.circuits.copying import (
     random_copying_scores,
 )
 from qkov.circuits.mechanisms import InductionMechanism, induction_mechanisms
+from qkov.circuits.neurons import (
+    Neurons,
+    mlp_logit_terms,
+    neuron_analysis,
+    neuron_keys,
+    neuron_logit_contributions,
+    neuron_logit_effects,
+    neuron_values,
+)
 from qkov.circuits.paths import (
     TermImportance,
     frozen_patterns,
@@ -68,6 +77,7 @@ __all__ = [
     "FactoredMatrix",
     "HeadSpectrum",
     "InductionMechanism",
+    "Neurons",
     "QKTerms",
     "QkovError",
     "Reproduction",
@@ -96,6 +106,12 @@ __all__ = [
     "k_composition_positivity",
     "load",
     "load_results",
+    "mlp_logit_terms",
+    "neuron_analysis",
+    "neuron_keys",
+    "neuron_logit_contributions",
+    "neuron_logit_effects",
+    "neuron_values",
     "ov_circuit",
     "path_expansion",
     "qk_circuit",

@@ -31,6 +31,7 @@ from qkov.circuits.copying import compare_copying, copying_analysis, default_dir
 from qkov.circuits.correction import correction, correction_flop
 from qkov.circuits.heads import AttentionExamples, attention_example
 from qkov.circuits.mechanisms import induction_mechanism_flop, induction_mechanisms
+from qkov.circuits.neurons import neuron_analysis, neuron_flop
 from qkov.circuits.paths import term_importance, term_importance_flop
 from qkov.circuits.phase_change import phase_change
 from qkov.circuits.qk_ov import qk_position_content
@@ -59,8 +60,8 @@ class Step:
     user's data (``--tokens``) when ``needs_user_data``; only to a model whose outputs are its input
     tokens (a square token-to-token circuit, or the next token as target) when ``needs_square``;
     and, when ``needs_targets``, to a model whose targets are known: the next token (its outputs
-    are tokens) or the user's. ``reads`` names the steps whose results it reads; ``weight`` is its
-    share of the progress bar."""
+    are tokens) or the user's; and only to a model with MLPs when ``needs_mlp``. ``reads`` names
+    the steps whose results it reads; ``weight`` is its share of the progress bar."""
 
     name: str
     title: str
@@ -73,6 +74,7 @@ class Step:
     needs_square: bool = False
     needs_user_data: bool = False
     needs_targets: bool = False
+    needs_mlp: bool = False
 
     def skip_reason(self, cfg: Config, has_corpus: bool, has_user_data: bool = False) -> str | None:
         """Why the step does not apply to a model of ``cfg`` with this data, in a few words; None
@@ -88,6 +90,7 @@ class Step:
             (self.needs_square and not cfg.outputs_tokens, square),
             (self.needs_targets and not (cfg.outputs_tokens or has_user_data),
              f"needs targets: {outputs}, so give them (--tokens, --targets)"),
+            (self.needs_mlp and not cfg.has_mlp, "needs MLPs: the model is attention-only (d_mlp 0)"),
         )  # fmt: skip
         return next((reason for failed, reason in reasons if failed), None)
 
@@ -113,6 +116,19 @@ def term_importance_step(ctx: Context):
         return term_importance(ctx.model, tokens, described, targets)
     tokens, *_, described = ctx.rerun_text(cost) if ctx.corpus is not None else ctx.rerun_batch(cost)
     return term_importance(ctx.model, tokens, described)
+
+
+def neuron_step(ctx: Context):
+    """The last layer on the user's tokens and targets, else on corpus text or repeated tokens (its
+    next tokens); weights only for a model whose outputs are not tokens and without the user's."""
+    cost = partial(neuron_flop, ctx.model.cfg)
+    if ctx.user is not None:
+        tokens, targets, described = ctx.rerun_user(cost)
+        return neuron_analysis(ctx.model, tokens, described, targets, circuit=ctx.circuit)
+    if not ctx.model.cfg.outputs_tokens:
+        return neuron_analysis(ctx.model, circuit=ctx.circuit)
+    tokens, *_, described = ctx.rerun_text(cost) if ctx.corpus is not None else ctx.rerun_batch(cost)
+    return neuron_analysis(ctx.model, tokens, described, circuit=ctx.circuit)
 
 
 def task_step(ctx: Context):
@@ -202,6 +218,7 @@ STEPS: tuple[Step, ...] = (
         needs_square=True,
     ),
     Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
+    Step("neurons", "MLP neurons (keys and values)", neuron_step, 1, weight=2, needs_mlp=True),
     Step("task", "The user's task (loss, accuracy, ablations)", task_step, weight=2, needs_user_data=True),
 )  # fmt: skip
 

@@ -2,7 +2,8 @@
 exercises: a previous-token head and an induction head by K-composition (:func:`induction_model`),
 planted skip-trigrams with copying and anti-copying heads (:func:`skip_trigram_model`), induction
 by pointer arithmetic (Q-composition, :func:`pointer_arithmetic_model`), a virtual two-back head
-(:func:`two_back_model`) and a head attending to the last several tokens (:func:`with_recent_head`).
+(:func:`two_back_model`), a head attending to the last several tokens (:func:`with_recent_head`)
+and an MLP neuron with a planted key and value (:func:`neuron_model`).
 Every analysis must find exactly what was planted: the tests use them as fixtures, the tutorials
 as worked examples.
 
@@ -198,6 +199,23 @@ def with_recent_head(model: AttnOnlyTransformer, window: int = 3) -> AttnOnlyTra
             for back in range(window):
                 if p - back >= 0:
                     attn.W_Q[1, V + p, p - back] = sharp
+    return model
+
+
+def neuron_model(d_vocab: int = 9, n_ctx: int = 6) -> Transformer:
+    """One layer, no LayerNorm, a ReLU MLP of 4 neurons, attention that writes nothing (every other
+    weight zero): neuron 2's key reads coordinate 0, which token 5's embedding holds (2.0; token 1:
+    0.5; token 4: -1.0) through ``W_in = 1.5``; its value writes coordinate 1, which the logit of
+    token 7 reads with 3.0 and that of token 3 with -2.0. So token 5 excites it most (3.0), and
+    its write raises token 7 most and lowers token 3 most, by 3.0 and 2.0 per unit of activation."""
+    model = Transformer(Config(1, 1, 4, 2, d_vocab, n_ctx, d_mlp=4, act_fn="relu"))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        model.W_E[5, 0], model.W_E[1, 0], model.W_E[4, 0] = 2.0, 0.5, -1.0
+        model.blocks[0].mlp.W_in[0, 2] = 1.5
+        model.blocks[0].mlp.W_out[2, 1] = 1.0
+        model.W_U[1, 7], model.W_U[1, 3] = 3.0, -2.0
     return model
 
 

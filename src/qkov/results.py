@@ -34,6 +34,7 @@ from qkov.circuits.copying import Copying, CopyingComparison, DirectCopying
 from qkov.circuits.correction import Correction
 from qkov.circuits.heads import AttentionExamples
 from qkov.circuits.mechanisms import InductionMechanism
+from qkov.circuits.neurons import Neurons
 from qkov.circuits.paths import TermImportance
 from qkov.circuits.phase_change import PhaseChange
 from qkov.circuits.repeated import RepeatedTokens
@@ -79,6 +80,7 @@ class Results:
     correction: Correction | None = None
     circuit: Circuit | None = None
     ablation: list[AblationEffect] | None = None
+    neurons: Neurons | None = None
     task: Task | None = None
     skipped: dict[str, str] = field(default_factory=dict)
 

@@ -28,6 +28,7 @@ from qkov.serve.routes import (
     error,
     head_router,
     jobs_router,
+    neuron_router,
     page_router,
     pair_router,
     text_router,
@@ -90,6 +91,7 @@ def create_app(explorer: Explorer, jobs: Jobs, allowed_hosts: list[str] | None =
         head_router(explorer, jobs),
         pair_router(explorer, jobs),
         circuit_router(explorer, jobs),
+        neuron_router(explorer, jobs),
         jobs_router(jobs),
     ):
         app.include_router(router)

@@ -1,8 +1,8 @@
 """The endpoints of ``qkov serve``, one router per view: the page (its assets, the model's
 description, the vocabulary search), the text view, the user's data, the head view, the pair
-view, and the jobs.
-Each endpoint checks its inputs on the explorer (a refusal never waits for a worker) and answers
-through :class:`qkov.serve.jobs.Jobs`; :func:`qkov.serve.app.create_app` assembles the routers.
+view, the circuit, the neuron view, and the jobs. Each endpoint checks its inputs on the explorer
+(a refusal never waits for a worker) and answers through :class:`qkov.serve.jobs.Jobs`;
+:func:`qkov.serve.app.create_app` assembles the routers.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from qkov.serve.data import check_page, data_rows
 from qkov.serve.explorer import Explorer
 from qkov.serve.head import head_scores, ov_for_token, qk_for_token, skip_trigrams
 from qkov.serve.jobs import Jobs, Progress, encode
+from qkov.serve.neuron import check_neuron, neuron_view
 from qkov.serve.pair import composition_tables, pair_view
 from qkov.serve.text import check_paths, path_terms, run_text, typed_targets
 
@@ -192,6 +193,20 @@ def pair_router(ex: Explorer, jobs: Jobs) -> APIRouter:
             return pair_view(ex, tables, writer, reader, kind, k)
 
         return answer(("pair", writer, reader, kind, k), compute)
+
+    return router
+
+
+def neuron_router(ex: Explorer, jobs: Jobs) -> APIRouter:
+    """One MLP neuron: its key and value tokens, read off the weights."""
+    router, answer = APIRouter(), _answerer(jobs)
+
+    @router.get("/api/neuron", summary="An MLP neuron: the tokens exciting it, those it raises and lowers")
+    def neuron(layer: int, neuron: int, k: int = 10) -> Response:
+        check_neuron(ex, layer, neuron)
+        k = ex.k(k)
+        key = ("neuron", layer, neuron, k)
+        return answer(key, lambda p: neuron_view(ex, layer, neuron, k, p), quick=True)
 
     return router
 

@@ -405,6 +405,51 @@ function drawDataRows() {
 
 function pageData(step) { dataOffset = Math.max(0, dataOffset + step * DATA_PAGE); loadData(); }
 
+// -- MLP neurons: keys and values read off the weights -------------------------------------------
+state.nlayer = ''; state.neuron = '';  // before loadState reads the address
+
+function startNeurons() {
+  if (!model.config.d_mlp) return;
+  $('neuron-section').hidden = false;
+  var select = clear($('neuron-layer'));
+  for (var l = 0; l < model.config.n_layers; l++) select.appendChild(el('option', { value: String(l), text: 'L' + l }));
+  select.value = state.nlayer || '0';
+  $('neuron-id').max = String(model.config.d_mlp - 1);
+  $('neuron-id').value = state.neuron || '0';
+  $('neuron-go').addEventListener('click', function () { showNeuron(select.value, $('neuron-id').value); });
+  if (state.neuron !== '') showNeuron(select.value, $('neuron-id').value);
+}
+
+function neuronTable(body) {
+  var rows = body.excited_by.map(function (t, i) {
+    var up = body.raised[i], down = body.lowered[i];
+    return el('tr', {}, [el('td', {}, [chip(t)]), el('td', { cls: 'num', text: fmt(t.value, 2) }),
+      el('td', {}, [chip(up)]), el('td', { cls: 'num', text: fmt(up.value, 2) }),
+      el('td', {}, [chip(down)]), el('td', { cls: 'num', text: fmt(down.value, 2) })]);
+  });
+  return table(['key: excited by', 'pre-activation', 'value: raises', 'logit', 'value: lowers', 'logit'], rows);
+}
+
+function showNeuron(layer, neuron) {
+  state.nlayer = String(layer); state.neuron = String(neuron);
+  $('neuron-layer').value = state.nlayer; $('neuron-id').value = state.neuron;
+  saveState();
+  api('/api/neuron?' + query({ layer: layer, neuron: neuron, k: 10 }), 'MLP neuron').then(function (body) {
+    var top = clear($('neuron-top'));
+    top.appendChild(el('span', { cls: 'small', text: 'largest direct logit effect in L' + body.layer + ': ' }));
+    body.top_neurons.forEach(function (n) {
+      top.appendChild(el('button', { cls: 'head' + (n.neuron === body.neuron ? ' active' : ''), text: 'N' + n.neuron + ' ' + fmt(n.logit_effect, 2),
+        onclick: function () { showNeuron(body.layer, n.neuron); } }));
+    });
+    var box = clear($('neuron'));
+    box.appendChild(el('h3', { text: 'L' + body.layer + 'N' + body.neuron + ': direct logit effect ' + fmt(body.logit_effect) +
+      ' (rank ' + body.rank + ' of ' + model.config.d_mlp + ' in its layer)' }));
+    box.appendChild(neuronTable(body));
+    box.appendChild(el('p', { cls: 'small', text: 'Direct path, LayerNorm folded (if any) at unit scale: key W_E W_in[:, n] ' +
+      '(the pre-activation a token\'s embedding alone gives), value W_out[n] W_U (logits per unit of activation).' }));
+  }).catch(report);
+}
+
 // -- vocabulary search -------------------------------------------------------------------------
 var searchTimer = null;
 function search() {
@@ -459,6 +504,7 @@ async function start() {
     loadData();
   }
   var first = function () { return state.row !== null && model.data ? runRow(state.row) : runText(); };
+  startNeurons();
   if (c.n_layers === 0) return first();
   if (!state.head) state.head = model.heads[0];
   await first();
