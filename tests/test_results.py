@@ -19,7 +19,7 @@ DATA = Path(__file__).parent / "data"
 
 
 # Analyses added since version 2: their fields are dropped before comparing.
-ADDED_SINCE_2 = ("induction_mechanism",)
+ADDED_SINCE_2 = ("induction_mechanism", "ablation_estimate")
 
 
 def version_2_layout(new: dict) -> dict:

@@ -22,7 +22,9 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from qkov.circuits.ablation import ablation_effects, ablation_flop
+from qkov import context
+from qkov.circuits.ablation import ablation_effects, within_budget
+from qkov.circuits.attribution_patching import EXACT_AT_LEAST, ablation_estimate
 from qkov.circuits.bigrams import compare_bigrams
 from qkov.circuits.bug_cost import bug_cost, bug_cost_flop
 from qkov.circuits.composition import composition, induction_checks
@@ -128,8 +130,12 @@ def skip_trigram_step(ctx: Context):
 
 
 def ablation_step(ctx: Context):
-    tokens, period, _ = ctx.rerun_batch(partial(ablation_flop, ctx.model.cfg))
-    return ablation_effects(ctx.model, tokens, period, start=ctx.start)
+    """Every ablation rerun exactly where they all fit ``context.RERUN_FLOP_BUDGET``, else those the
+    first-order estimate ranks highest (at least ``EXACT_AT_LEAST``), on the estimate's batch."""
+    found = ctx.attribution
+    budget = context.RERUN_FLOP_BUDGET  # the one budget of every rerun, read where the batches are cut
+    only = within_budget(ctx.model.cfg, found.tokens, found.ranking(), budget, EXACT_AT_LEAST)
+    return ablation_effects(ctx.model, found.tokens, found.period, start=ctx.start, only=only)
 
 
 def induction_mechanism_step(ctx: Context):
@@ -179,6 +185,11 @@ STEPS: tuple[Step, ...] = (
         reads=("repeated_tokens",), needs_square=True,
     ),
     Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
+    Step(
+        "ablation_estimate", "Ablations, estimated to first order",
+        lambda ctx: ablation_estimate(ctx.attribution, ctx.done["ablation"]), 2, reads=("ablation",),
+        needs_square=True,
+    ),
     Step("task", "The user's task (loss, accuracy, ablations)", task_step, weight=2, needs_user_data=True),
 )  # fmt: skip
 

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from qkov.circuits.ablation import AblationEffect
+from qkov.circuits.attribution_patching import AblationEstimate
 from qkov.circuits.bigrams import BigramComparison
 from qkov.circuits.composition import Composition, InductionCheck
 from qkov.circuits.copying import Copying, CopyingComparison, DirectCopying
@@ -75,6 +76,7 @@ class Results:
     induction_check: list[InductionCheck] | None = None
     induction_mechanism: list[InductionMechanism] | None = None
     ablation: list[AblationEffect] | None = None
+    ablation_estimate: AblationEstimate | None = None
     task: Task | None = None
     skipped: dict[str, str] = field(default_factory=dict)
 
