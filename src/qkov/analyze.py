@@ -26,6 +26,7 @@ from qkov import context
 from qkov.circuits.ablation import ablation_effects, within_budget
 from qkov.circuits.attribution_patching import EXACT_AT_LEAST, ablation_estimate
 from qkov.circuits.bigrams import compare_bigrams
+from qkov.circuits.budget import TRUSTED
 from qkov.circuits.bug_cost import bug_cost, bug_cost_flop
 from qkov.circuits.composition import composition, induction_checks
 from qkov.circuits.copying import compare_copying, copying_analysis, default_direct_copying
@@ -106,12 +107,14 @@ def attention_step(ctx: Context) -> AttentionExamples:
 
 
 def term_importance_step(ctx: Context):
-    """On the user's tokens and targets when given, else on corpus text, else on repeated tokens."""
+    """On the user's tokens and targets when given, else on corpus text, else on repeated tokens
+    (either at least ``TRUSTED``)."""
     cost = partial(term_importance_flop, ctx.model.cfg)
     if ctx.user is not None:
         tokens, targets, described = ctx.rerun_user(cost)
         return term_importance(ctx.model, tokens, described, targets)
-    tokens, *_, described = ctx.rerun_text(cost) if ctx.corpus is not None else ctx.rerun_batch(cost)
+    cut = ctx.rerun_text(cost, TRUSTED) if ctx.corpus is not None else ctx.rerun_batch(cost, TRUSTED)
+    tokens, described = cut[0], cut[-1]
     return term_importance(ctx.model, tokens, described)
 
 

@@ -250,6 +250,31 @@ def _head_writes(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream:
     return block.attn.head_writes(x, None, frozen.patterns[layer])[0]
 
 
+def _first_order(
+    model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream: Tensor, base: Tensor, loss
+) -> tuple[float, list[float]]:
+    """The loss with ``layer``'s first-order terms (each head reading ``stream``) added to the
+    direct path, whose logits are ``base``: ``(all of the layer's heads, [each head alone])``.
+
+    With the final LayerNorm's scale ``s`` frozen the logits are affine in the stream, so a head's
+    write ``z_h @ W_O^h`` adds ``(z_h / s) @ M_h`` to them, ``M_h = LN_lin(W_O^h) @ W_U``
+    (``[d_head, d_vocab]``; the paper, column vectors: ``W_U W_O^h z_h``): one rank-``d_head``
+    product per head instead of a full unembedding of its write."""
+    block = model.blocks[layer]
+    x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), stream)
+    z = block.attn.head_values(x, None, frozen.patterns[layer])[0]  # [batch, n_heads, pos, d_head]
+    final = frozen.scales.get(norm_name(None, "ln_final"))
+    z = z if final is None else z / final[:, None]
+    unit = torch.ones((), dtype=z.dtype, device=z.device)
+    out = block.attn.W_O if model.ln_final is None else model.ln_final.linear(block.attn.W_O, unit)
+    by_head, layer_logits = [], base
+    for head in range(model.cfg.n_heads):
+        delta = z[:, head] @ (out[head] @ model.W_U)
+        by_head.append(loss(base + delta))
+        layer_logits = layer_logits + delta
+    return loss(layer_logits), by_head
+
+
 def _rerun(model: AttnOnlyTransformer, frozen: Frozen, start: Tensor, inputs: Sequence[Tensor] | None):
     """One frozen run whose heads read ``inputs`` (one stream per layer) instead of their own
     stream (no heads when ``inputs`` is None), with every MLP's write frozen; returns the final
@@ -269,13 +294,14 @@ def _rerun(model: AttnOnlyTransformer, frozen: Frozen, start: Tensor, inputs: Se
 def term_importance_flop(cfg: Config, length: int) -> float:
     """FLOP per token of :func:`term_importance` on sequences of ``length``: the run that freezes
     the model, ``n_layers + 1`` frozen runs of every head's values and output (``n_layers`` layers
-    each, and one more for the first-order effects), and one unembedding per loss (``1 + 2 n_layers
-    + n_layers n_heads``)."""
+    each, and one more for the first-order effects), one unembedding per order's loss (``1 +
+    n_layers``), and a rank-``d_head`` product per head for the first-order losses. Not per token,
+    so not counted: each layer's ``M_h`` (``n_heads d_head x d_model x d_vocab_out`` multiply-adds)."""
     heads = cfg.n_heads * cfg.d_head
     frozen_layer = 2 * (2 * cfg.d_model * heads + length * heads)
-    losses = 1 + 2 * cfg.n_layers + cfg.n_layers * cfg.n_heads
     frozen_runs = (cfg.n_layers + 1) * cfg.n_layers * frozen_layer
-    return forward_flop(cfg, length) + frozen_runs + losses * unembed_flop(cfg)
+    first_order = cfg.n_layers * 2 * heads * cfg.d_out
+    return forward_flop(cfg, length) + frozen_runs + (1 + cfg.n_layers) * unembed_flop(cfg) + first_order
 
 
 def term_importance(
@@ -314,17 +340,21 @@ def term_importance(
         def loss(resid: Tensor) -> float:
             return _target_loss(_unembed_affine(model, frozen, resid), tokens, targets)
 
+        def logits_loss(logits: Tensor) -> float:
+            return _target_loss(logits, tokens, targets)
+
         base, inputs = _rerun(model, frozen, start, None)
         first_inputs = inputs
-        losses = [loss(base)]
+        base_logits = _unembed_affine(model, frozen, base)
+        losses = [logits_loss(base_logits)]
         for _ in range(model.cfg.n_layers):
             resid, inputs = _rerun(model, frozen, start, inputs)
             losses.append(loss(resid))
         by_layer, by_head = [], []
         for layer in range(model.cfg.n_layers):
-            writes = _head_writes(model, frozen, layer, first_inputs[layer])
-            by_layer.append(losses[0] - loss(base + writes.sum(2)))
-            by_head.append([losses[0] - loss(base + writes[:, :, head]) for head in range(model.cfg.n_heads)])
+            whole, heads = _first_order(model, frozen, layer, first_inputs[layer], base_logits, logits_loss)
+            by_layer.append(losses[0] - whole)
+            by_head.append([losses[0] - h for h in heads])
     return TermImportance(
         loss_by_order=losses,
         marginal=[losses[n - 1] - losses[n] for n in range(1, len(losses))],
