@@ -154,6 +154,7 @@ def test_a_classifier_is_analysed_end_to_end(tmp_path, capsys):
         "induction_check",
         "induction_mechanism",
         "ablation",
+        "ablation_estimate",
     }
     assert set(results.skipped) == square | {"bigram", "skip_trigrams"}
     assert all("square token-to-token circuit" in results.skipped[name] for name in square)

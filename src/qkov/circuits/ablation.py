@@ -93,7 +93,7 @@ class AblationEffect:
 # forward: at GPT-2 small's shapes a forward of ~100 tokens ran its matrix products at a third of the
 # rate of one of ~2000 (26 against 80 GFLOP/s, 2 threads, benchmarks/analyze_gpt2.py); the default
 # models' batch (32 x 126 tokens) is already that large and runs one ablation at a time.
-FORWARD_TOKENS = 4096
+FORWARD_TOKENS = 2048
 
 
 def rerun_flop(cfg: Config, length: int, layer: int) -> float:
