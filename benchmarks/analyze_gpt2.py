@@ -1,11 +1,14 @@
-"""``qkov analyze`` end to end on a GPT-2-small-shaped model, each stage timed, beside what the
-same work costs in TransformerLens 3.x. A random ``GPT2LMHeadModel`` (12 layers x 12 heads,
-d_model 768, d_mlp 3072, 50257 tokens, n_ctx 1024; built locally, nothing downloaded) is saved as
-a Hugging Face folder and imported with ``qkov import``; then
+"""``qkov analyze`` end to end on a GPT-2-small-shaped model, this code beside the code it started
+from (a worktree of main, ``--old``) in one run, each stage timed, beside what the same work costs in
+TransformerLens 3.x. A random ``GPT2LMHeadModel`` (12 layers x 12 heads, d_model 768, d_mlp 3072,
+50257 tokens, n_ctx 1024; built locally, nothing downloaded) is saved as a Hugging Face folder and
+imported with ``qkov import``; then
 
-1. ``qkov analyze DIR`` in a fresh process: wall time and peak resident memory (``/usr/bin/time``);
-2. the same steps in this process, one at a time (``analyze.STEPS``, the inputs ``analyze`` draws),
-   each step's time, then writing results.json and the report;
+1. ``qkov analyze DIR`` in a fresh process, the old code's (``PYTHONPATH=OLD/src``) and this one's:
+   wall time and peak resident memory (``/usr/bin/time``), and the batches each behavioural step
+   used, read from its results.json; the fp32 matmul rate before and after;
+2. with ``--stages``: the same steps in this process, one at a time (``analyze.STEPS``, the inputs
+   ``analyze`` draws), each step's time, then writing results.json and the report;
 3. with ``--transformer-lens``: the same work in TransformerLens where it has it, on the same
    inputs: the head scores' cached run, one ablation as a full rerun with a hook (TransformerLens
    has no rerun from a layer; x the number of ablations), and the full OV eigenvalues of one layer
@@ -13,20 +16,22 @@ a Hugging Face folder and imported with ``qkov import``; then
    so. TransformerLens' spectra and composition scores at these shapes are measured in
    ``spectra.py`` and ``composition.py`` (10 and 8.5 GiB at peak; their figures are in the README).
 
-    flock /tmp/qkov-heavy.lock python benchmarks/analyze_gpt2.py --transformer-lens
+    git worktree add --detach /tmp/old-h15 main
+    flock /tmp/qkov-heavy.lock python benchmarks/analyze_gpt2.py --old /tmp/old-h15
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 
@@ -35,10 +40,11 @@ import torch
 import qkov
 from import_gpt2 import transformer_lens_import
 from qkov import analyze as A
-from qkov.circuits.ablation import MODES, ablation_flop
+from qkov.circuits.ablation import MODES
 from qkov.context import Context
 from qkov.data.tokenizer import token_strings
 from qkov.interop import import_checkpoint
+from qkov.machine import matmul_rate
 from qkov.report import render_report
 from qkov.results import Results, write_results
 
@@ -59,15 +65,38 @@ def build(folder: Path, n_ctx: int, layers: int):
     return config
 
 
-def end_to_end(checkpoint: Path, out: Path, threads: int) -> tuple[float, float]:
-    """``qkov analyze`` in a fresh process: (wall seconds, peak RSS in GB)."""
+def end_to_end(checkpoint: Path, out: Path, threads: int, src: Path | None = None) -> tuple[float, float]:
+    """``qkov analyze`` in a fresh process (the code under ``src`` when given): (wall seconds, peak
+    RSS in GB)."""
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "qkov", "analyze", str(checkpoint)]
     command += ["--out", str(out), "--threads", str(threads), "--quiet"]
+    env = os.environ | ({"PYTHONPATH": str(src / "src")} if src is not None else {})
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     wall = time.perf_counter() - started
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
     return wall, peak_kb / 2**20
+
+
+def used(out: Path) -> str:
+    """What the behavioural steps of one results.json read: the budgets' batches, and the ablations
+    rerun exactly beside those estimated."""
+    r = json.loads((out / "results.json").read_text())
+    rep, effects, estimate = r["repeated_tokens"], r["ablation"], r.get("ablation_estimate")
+    length = (r["config"]["bos_token_id"] is not None) + rep["repeats"] * rep["period"]
+    lines = [f"head scores {rep['sequences']} x {length} tokens (period {rep['period']})"]
+    e = effects[0]
+    shape = f"{e['sequences']} x {e['start'] + 3 * e['period']} tokens"
+    lines.append(f"ablations: {len(effects)} exact reruns on {shape}")
+    if estimate is not None:
+        rho = estimate["rank_correlation"]
+        lines.append(
+            f"{len(estimate['ablations'])} estimated ({estimate['method']}), "
+            f"{estimate['exact']} of them also "
+            f"exact, Spearman rho {'-' if rho is None else f'{rho:.3f}'}"
+        )
+    lines.append(f"term importance on {r['term_importance']['tokens']}")
+    return "; ".join(lines)
 
 
 def stages(model: qkov.Transformer, out: Path) -> Context:
@@ -97,10 +126,8 @@ def stages(model: qkov.Transformer, out: Path) -> Context:
 
 
 def batches(ctx: Context) -> None:
-    cfg = ctx.model.cfg
     print(f"  head scores: {tuple(ctx.repeated.shape)} tokens, period {ctx.period}")
-    tokens, period, _ = ctx.rerun_batch(partial(ablation_flop, cfg))
-    print(f"  ablations: {tuple(tokens.shape)} tokens, period {period}")
+    print(f"  ablations: {tuple(ctx.attribution.tokens.shape)} tokens, period {ctx.attribution.period}")
 
 
 def transformer_lens(ctx: Context, hf_folder: Path, hf_config) -> None:
@@ -112,7 +139,7 @@ def transformer_lens(ctx: Context, hf_folder: Path, hf_config) -> None:
         _, s, m = measure(lambda: hooked.run_with_cache(ctx.repeated))
         stage = f"head scores: run_with_cache {tuple(ctx.repeated.shape)}"
         print(f"  {stage:40s} {s:8.2f} s {m / 2**20:8.0f} MiB")
-        tokens, _, _ = ctx.rerun_batch(partial(ablation_flop, cfg))
+        tokens = ctx.attribution.tokens
 
         def zero_head(z, hook):
             z[:, :, 0] = 0.0
@@ -140,7 +167,8 @@ def main() -> None:
     parser.add_argument("--n-ctx", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--skip-end-to-end", action="store_true")
+    parser.add_argument("--old", type=Path, help="a worktree of the code to compare with (e.g. main's HEAD)")
+    parser.add_argument("--stages", action="store_true", help="also time each step in this process")
     parser.add_argument("--transformer-lens", action="store_true", help="also time TransformerLens")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
@@ -153,13 +181,22 @@ def main() -> None:
             f"random GPT-2: {args.layers} layers x 12 heads, d_model 768, d_mlp 3072, 50257 tokens, "
             f"n_ctx {args.n_ctx}; {args.threads} threads, torch {torch.__version__}"
         )
-        if not args.skip_end_to_end:
-            wall, peak = end_to_end(folder / "qkov", folder / "out", args.threads)
-            print(f"qkov analyze end to end: {wall:.1f} s wall, {peak:.2f} GB peak RSS")
-        print("qkov analyze, step by step:")
-        model = qkov.load(folder / "qkov").eval()
-        ctx = stages(model, folder / "steps")
-        batches(ctx)
+        print(f"fp32 matmul rate before: {matmul_rate() / 1e9:.0f} GFLOP/s, load {os.getloadavg()[0]:.1f}")
+        runs = [("old", args.old), ("new", None)] if args.old else [("new", None)]
+        walls = {}
+        for name, src in runs:
+            out = folder / f"out-{name}"
+            walls[name], peak = end_to_end(folder / "qkov", out, args.threads, src)
+            print(f"qkov analyze end to end, {name}: {walls[name]:.1f} s wall, {peak:.2f} GB peak RSS")
+            print(f"  {used(out)}")
+        if args.old:
+            print(f"  new / old wall time: {walls['new'] / walls['old']:.2f}x")
+        print(f"fp32 matmul rate after: {matmul_rate() / 1e9:.0f} GFLOP/s, load {os.getloadavg()[0]:.1f}")
+        if args.stages or args.transformer_lens:
+            print("qkov analyze, step by step:")
+            model = qkov.load(folder / "qkov").eval()
+            ctx = stages(model, folder / "steps")
+            batches(ctx)
         if args.transformer_lens:
             print("TransformerLens, the same work where it has it:")
             transformer_lens(ctx, folder / "hf", hf_config)

@@ -16,6 +16,7 @@ import qkov
 from qkov import analyze, context
 from qkov.circuits import budget
 from qkov.circuits.ablation import ablation_flop
+from qkov.circuits.attribution_patching import estimate_and_rerun_flop
 from qkov.circuits.paths import term_importance_flop
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.data.tokens import TokenSplits, sample_windows
@@ -52,8 +53,9 @@ def test_over_budget_steps_run_on_a_cut_batch_and_say_so(monkeypatch):
     monkeypatch.setattr(context, "RERUN_FLOP_BUDGET", 2e6)
     done = analyze.run_steps(model, ["term_importance", "ablation"])
     effects = done["ablation"]
-    shape = budget.batch_shape((32, 10), 3, partial(ablation_flop, model.cfg), 2e6)
-    assert {(e.sequences, e.period) for e in effects} == {shape} and shape[0] < 32
+    cost = partial(estimate_and_rerun_flop, model.cfg)
+    shape = budget.batch_shape((32, 10), 3, cost, 2e6, budget.TRUSTED)
+    assert {(e.sequences, e.period) for e in effects} == {shape} == {(8, 10)}  # cut to the floor
     described = done["term_importance"].tokens
     assert described.startswith("repeated random tokens") and " x " in described
 
@@ -88,10 +90,11 @@ def test_without_layers_nothing_is_drawn():
 def test_the_repeats_are_cut_to_the_cache_budget_and_nothing_else_moves(monkeypatch):
     model = random_model(CFG)
     whole = context_of(model, CORPUS)
-    monkeypatch.setattr(context, "REPEATED_CACHE_BYTES", 5 * 30 * budget.cache_bytes(CFG, 30))
-    cut = context_of(model, CORPUS)
-    assert torch.equal(cut.repeated, whole.repeated[:5])  # the first 5 of the same 32 draws
-    assert torch.equal(cut.example, whole.example) and torch.equal(cut.text, whole.text)
+    for fitting, kept in ((12, 12), (5, 8)):  # never below 8 sequences (budget.TRUSTED)
+        monkeypatch.setattr(context, "REPEATED_CACHE_BYTES", fitting * 30 * budget.cache_bytes(CFG, 30))
+        cut = context_of(model, CORPUS)
+        assert torch.equal(cut.repeated, whole.repeated[:kept])  # the first of the same 32 draws
+        assert torch.equal(cut.example, whole.example) and torch.equal(cut.text, whole.text)
 
 
 def same_batches(a: context.Context, b: context.Context) -> bool:

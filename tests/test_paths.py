@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import qkov
+from qkov.circuits import paths
 from qkov.names import head_name
 
 from conftest import float64_model, random_model, small_config, tokens_for
@@ -228,6 +229,30 @@ def test_gpt2_style_term_importance_equals_the_loss_of_path_sums(d_mlp, n_layers
     for order in range(n_layers + 1):
         kept = sum(t for p, t in terms.items() if heads_on(p) <= order)
         assert result.loss_by_order[order] == pytest.approx(ce(kept, tokens), rel=1e-10)
+
+
+@pytest.mark.parametrize("normalization", ["LN", "LNPre", "none"])
+def test_first_order_terms_through_rank_d_head_products_are_the_unembedded_writes(normalization):
+    """Each head's (and layer's) first-order loss, read through ``LN_lin(W_O^h) @ W_U`` with the
+    final scale frozen, equals the definition: the direct path's stream plus the head's write,
+    unembedded whole (LayerNorm's ``b``, MLPs and biases included), in float64."""
+    cfg = small_config(3, "standard", normalization=normalization, d_mlp=8)
+    model = random_model(cfg, biases=True, seed=4).double()
+    tokens = tokens_for(model, batch=4)
+    result = qkov.term_importance(model, tokens)
+    frozen = paths.freeze(model, tokens)
+    base, inputs = paths._rerun(model, frozen, model.embed(tokens)[0], None)
+
+    def loss(resid):
+        return ce(paths._unembed_affine(model, frozen, resid), tokens)
+
+    for layer in range(3):
+        writes = paths._head_writes(model, frozen, layer, inputs[layer])
+        whole = loss(base) - loss(base + writes.sum(2))
+        assert result.first_order_by_layer[layer] == pytest.approx(whole, rel=1e-10, abs=1e-12)
+        for head in range(3):
+            alone = loss(base) - loss(base + writes[:, :, head])
+            assert result.first_order_by_head[layer][head] == pytest.approx(alone, rel=1e-10, abs=1e-12)
 
 
 @pytest.mark.parametrize("by", ["path", "order"])

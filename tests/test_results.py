@@ -19,7 +19,7 @@ DATA = Path(__file__).parent / "data"
 
 
 # Analyses added since version 2: their fields are dropped before comparing.
-ADDED_SINCE_2 = ("induction_mechanism", "correction", "circuit", "neurons")
+ADDED_SINCE_2 = ("induction_mechanism", "correction", "circuit", "neurons", "ablation_estimate")
 
 
 def version_2_layout(new: dict) -> dict:
@@ -103,7 +103,9 @@ def assert_same(new: object, old: object, where: str) -> None:
         for i, (a, b) in enumerate(zip(new, old, strict=True)):
             assert_same(a, b, f"{where}[{i}]")
     elif isinstance(old, float) and not isinstance(new, bool):
-        loose = "eigenvalues" in where or "copying_score" in where
+        # first-order term importance: each loss is now a logsumexp over column blocks summed in
+        # float64, where the reference took float32 means; the two differ by up to ~2e-6 nats
+        loose = "eigenvalues" in where or "copying_score" in where or ".first_order_by_" in where
         assert new == pytest.approx(old, rel=FLOAT_TOLERANCE, abs=ROUNDED if loose else FLOAT_TOLERANCE), (
             where
         )

@@ -142,6 +142,7 @@ def test_a_classifier_is_analysed_end_to_end(tmp_path, capsys):
         "correction",
         "circuit",
         "ablation",
+        "ablation_estimate",
     }
     assert set(results.skipped) == square | {"bigram", "skip_trigrams", "neurons"}  # attention-only
     assert all("square token-to-token circuit" in results.skipped[name] for name in square)

@@ -13,6 +13,7 @@ from importlib.metadata import version as _version
 from qkov import interop, view
 from qkov.checkpoint import load, save
 from qkov.circuits.attribution import ScoreParts, score_attribution, score_parts
+from qkov.circuits.attribution_patching import attribution_patching
 from qkov.circuits.composition import (
     composition_baseline,
     composition_scores,
@@ -69,6 +70,7 @@ from qkov.results import Reproduction, Results, load_results
 __version__ = _version("qkov")
 
 __all__ = [
+    "attribution_patching",
     "AttnOnlyTransformer",
     "Config",
     "Copying",

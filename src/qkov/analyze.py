@@ -22,8 +22,11 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from qkov.circuits.ablation import ablation_effects, ablation_flop
+from qkov import context
+from qkov.circuits.ablation import ablation_effects, within_budget
+from qkov.circuits.attribution_patching import EXACT_AT_LEAST, ablation_estimate
 from qkov.circuits.bigrams import compare_bigrams
+from qkov.circuits.budget import TRUSTED
 from qkov.circuits.bug_cost import bug_cost, bug_cost_flop
 from qkov.circuits.circuit import circuit_flop, circuit_graph, head_roles
 from qkov.circuits.composition import composition, induction_checks
@@ -109,12 +112,14 @@ def attention_step(ctx: Context) -> AttentionExamples:
 
 
 def term_importance_step(ctx: Context):
-    """On the user's tokens and targets when given, else on corpus text, else on repeated tokens."""
+    """On the user's tokens and targets when given, else on corpus text, else on repeated tokens
+    (either at least ``TRUSTED``)."""
     cost = partial(term_importance_flop, ctx.model.cfg)
     if ctx.user is not None:
         tokens, targets, described = ctx.rerun_user(cost)
         return term_importance(ctx.model, tokens, described, targets)
-    tokens, *_, described = ctx.rerun_text(cost) if ctx.corpus is not None else ctx.rerun_batch(cost)
+    cut = ctx.rerun_text(cost, TRUSTED) if ctx.corpus is not None else ctx.rerun_batch(cost, TRUSTED)
+    tokens, described = cut[0], cut[-1]
     return term_importance(ctx.model, tokens, described)
 
 
@@ -146,8 +151,12 @@ def skip_trigram_step(ctx: Context):
 
 
 def ablation_step(ctx: Context):
-    tokens, period, _ = ctx.rerun_batch(partial(ablation_flop, ctx.model.cfg))
-    return ablation_effects(ctx.model, tokens, period, start=ctx.start)
+    """Every ablation rerun exactly where they all fit ``context.RERUN_FLOP_BUDGET``, else those the
+    first-order estimate ranks highest (at least ``EXACT_AT_LEAST``), on the estimate's batch."""
+    found = ctx.attribution
+    budget = context.RERUN_FLOP_BUDGET  # the one budget of every rerun, read where the batches are cut
+    only = within_budget(ctx.model.cfg, found.tokens, found.ranking(), budget, EXACT_AT_LEAST)
+    return ablation_effects(ctx.model, found.tokens, found.period, start=ctx.start, only=only)
 
 
 def induction_mechanism_step(ctx: Context):
@@ -219,6 +228,11 @@ STEPS: tuple[Step, ...] = (
     ),
     Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
     Step("neurons", "MLP neurons (keys and values)", neuron_step, 1, weight=2, needs_mlp=True),
+    Step(
+        "ablation_estimate", "Ablations, estimated to first order",
+        lambda ctx: ablation_estimate(ctx.attribution, ctx.done["ablation"]), 2, reads=("ablation",),
+        needs_square=True,
+    ),
     Step("task", "The user's task (loss, accuracy, ablations)", task_step, weight=2, needs_user_data=True),
 )  # fmt: skip
 

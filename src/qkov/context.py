@@ -13,8 +13,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from qkov.circuits.attribution_patching import Attribution, estimate_ablations, estimate_and_rerun_flop
 from qkov.circuits.bigrams import BigramCounts
-from qkov.circuits.budget import batch_shape, cache_bytes
+from qkov.circuits.budget import TRUSTED, batch_shape, cache_bytes
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.data.tokens import sample_windows
 from qkov.data.user_tokens import UserTokens
@@ -24,16 +25,14 @@ from qkov.model import AttnOnlyTransformer
 REPEATS = 3  # repeated random tokens: each sequence is a random period repeated this often
 REPEAT_BATCH = 32
 # The head scores' run keeps every pattern, head write and logit of its batch (run_with_cache), so
-# its sequences are cut to fit this (circuits/budget.py): at GPT-2 small's shapes and n_ctx 1024 one
-# sequence of 1023 tokens caches about 1.7 GB, so 1 of the 32 (the step took 2.0 GB above the model
-# and the whole `qkov analyze` peaked at 3.0 GB, benchmarks/analyze_gpt2.py); the default models'
-# 32 x 126 tokens take about 0.1 GB and are not cut.
-REPEATED_CACHE_BYTES = 3 * 2**30
+# its batch is cut to fit this (circuits/budget.py), down to budget.TRUSTED: at GPT-2 small's shapes
+# and n_ctx 1024 one sequence of 1023 tokens caches about 1.7 GB, so the batch is 8 sequences of
+# period 57 (172 tokens with the start token, 1.4 GB); the default models' 32 x 126 tokens take
+# about 0.1 GB and are not cut.
+REPEATED_CACHE_BYTES = 1.5 * 2**30
 # Ablations and term importance rerun the model (or its unembedding) many times per token: each runs
-# on a repeated-token batch cut to this many FLOP (circuits/budget.py). At GPT-2 small's shapes that
-# is 1 sequence of 21 tokens (period 7) for the 264 ablations and of 72 (period 24) for term
-# importance, 9 and 11 s on this 2-core machine (benchmarks/analyze_gpt2.py), which keeps the whole
-# analysis near one minute; the default models need under 0.1 TFLOP and are not cut.
+# on a batch cut to this many FLOP (circuits/budget.py), down to budget.TRUSTED (8 x 128 tokens)
+# where a step asks for it; the default models need under 0.1 TFLOP and are not cut.
 RERUN_FLOP_BUDGET = 1e12
 PATTERN_EXAMPLE_LENGTH = 48  # tokens in the attention-pattern examples kept for the report
 
@@ -56,7 +55,8 @@ class Context:
     to the model's device:
 
     - ``repeated``: the first ``REPEAT_BATCH`` sequences of ``period`` random tokens repeated
-      ``REPEATS`` times that fit ``REPEATED_CACHE_BYTES``;
+      ``REPEATS`` times that fit ``REPEATED_CACHE_BYTES`` (at least ``TRUSTED``, a shorter period
+      when fewer sequences would not reach it);
     - ``example``: one such sequence of ``example_period`` tokens (``PATTERN_EXAMPLE_LENGTH`` in all);
     - with a corpus, ``snippet`` (one eval window of that length) and ``text`` (``REPEAT_BATCH``
       eval windows of ``n_ctx``);
@@ -98,7 +98,7 @@ class Context:
         if cfg.n_layers == 0:
             return cls(model, corpus, seed, period, example_period, done=done, user=user, start=start)
         full, cache = (REPEAT_BATCH, period), partial(cache_bytes, cfg)
-        sequences, period = batch_shape(full, REPEATS, cache, REPEATED_CACHE_BYTES)
+        sequences, period = batch_shape(full, REPEATS, cache, REPEATED_CACHE_BYTES, TRUSTED)
         draw = partial(repeated_random_tokens, repeats=REPEATS, d_vocab=cfg.d_vocab, generator=generator)
         repeated = draw(REPEAT_BATCH, period, bos_token_id=bos)[:sequences]
         example = draw(1, example_period, bos_token_id=bos)[0]
@@ -122,13 +122,26 @@ class Context:
         assert self.corpus is not None
         return BigramCounts.of(self.corpus.train, self.model.cfg.d_vocab)
 
-    def rerun_batch(self, cost: Callable[[int], float]) -> tuple[Tensor, int, str]:
+    @cached_property
+    def attribution(self) -> Attribution:
+        """Every ablation's first-order estimate (:mod:`qkov.circuits.attribution_patching`), on
+        the ablations' batch: ``repeated`` cut to ``RERUN_FLOP_BUDGET`` for the estimate and its
+        least exact reruns, down to ``TRUSTED``. Computed once, for the step that reruns the
+        ablations it ranks highest and the one that reports it beside them."""
+        cost = partial(estimate_and_rerun_flop, self.model.cfg)
+        tokens, period, described = self.rerun_batch(cost, TRUSTED)
+        return estimate_ablations(self.model, tokens, period, self.start, described)
+
+    def rerun_batch(
+        self, cost: Callable[[int], float], least: tuple[int, int] = (1, 0)
+    ) -> tuple[Tensor, int, str]:
         """``(tokens, period, description)`` for a step that costs ``cost(length)`` FLOP per token:
-        ``repeated`` when it fits ``RERUN_FLOP_BUDGET``, else its first sequences that fit, else
-        (when not even one does) sequences of a shorter period drawn from ``seed + 1``."""
+        ``repeated`` when it fits ``RERUN_FLOP_BUDGET``, else its first sequences that fit (down to
+        ``least = (sequences, tokens)``, :func:`batch_shape`), else sequences of a shorter period
+        drawn from ``seed + 1``."""
         assert self.repeated is not None
         full = (len(self.repeated), self.period)
-        sequences, period = batch_shape(full, REPEATS, cost, RERUN_FLOP_BUDGET)
+        sequences, period = batch_shape(full, REPEATS, cost, RERUN_FLOP_BUDGET, least)
         described = "repeated random tokens" + (f" of period {period}" if period != self.period else "")
         cfg = self.model.cfg
         if period == self.period:
@@ -141,12 +154,12 @@ class Context:
         described += " after the start token" if self.start else ""
         return tokens, period, _cut(described, tokens, (full[0], self.start + REPEATS * full[1]))
 
-    def rerun_text(self, cost: Callable[[int], float]) -> tuple[Tensor, str]:
+    def rerun_text(self, cost: Callable[[int], float], least: tuple[int, int] = (1, 0)) -> tuple[Tensor, str]:
         """The first of the ``text`` windows, and their first positions, that fit
-        ``RERUN_FLOP_BUDGET`` for a step costing ``cost(length)`` FLOP per token, and their
-        description."""
+        ``RERUN_FLOP_BUDGET`` for a step costing ``cost(length)`` FLOP per token (down to ``least``,
+        :func:`batch_shape`), and their description."""
         assert self.text is not None
-        sequences, length = batch_shape(tuple(self.text.shape), 1, cost, RERUN_FLOP_BUDGET)
+        sequences, length = batch_shape(tuple(self.text.shape), 1, cost, RERUN_FLOP_BUDGET, least)
         tokens = self.text[:sequences, :length]
         described = "corpus (eval split)" + (" after the start token" if self.start else "")
         return tokens, _cut(described, tokens, tuple(self.text.shape))

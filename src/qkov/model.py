@@ -121,6 +121,25 @@ class Attention(nn.Module):
         out = out @ rearrange(self.W_O, "n_heads d_head d_model -> (n_heads d_head) d_model")
         return out if self.b_O is None else out + self.b_O
 
+    def head_values(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        qk_positions: Float[Tensor, "pos d_model"] | None,
+        pattern: Float[Tensor, "batch n_heads dest src"] | None = None,
+    ) -> tuple[Float[Tensor, "batch n_heads pos d_head"], Float[Tensor, "batch n_heads dest src"]]:
+        """Every head's attention-weighted values ``z`` (TransformerLens' ``hook_z``; the write is
+        ``z @ W_O``) and its pattern, frozen when ``pattern`` is given (:meth:`head_writes`)."""
+        if pattern is None:
+            q, k, v = self.qkv(x, qk_positions)
+            pattern = self.pattern(q, k)
+        else:  # frozen attention: only the values are needed
+            v = einsum(x, self.W_V, "batch pos d_model, n_heads d_model d_head -> batch n_heads pos d_head")
+            v = v if self.b_V is None else v + self.b_V[:, None, :]
+        z = einsum(
+            pattern, v, "batch n_heads dest src, batch n_heads src d_head -> batch n_heads dest d_head"
+        )
+        return z, pattern
+
     def head_writes(
         self,
         x: Float[Tensor, "batch pos d_model"],
@@ -132,15 +151,7 @@ class Attention(nn.Module):
         With ``pattern`` given (frozen attention), the queries and keys are not used and the
         write is linear in ``x``. ``b_O`` belongs to no head and is not included.
         """
-        if pattern is None:
-            q, k, v = self.qkv(x, qk_positions)
-            pattern = self.pattern(q, k)
-        else:  # frozen attention: only the values are needed
-            v = einsum(x, self.W_V, "batch pos d_model, n_heads d_model d_head -> batch n_heads pos d_head")
-            v = v if self.b_V is None else v + self.b_V[:, None, :]
-        z = einsum(
-            pattern, v, "batch n_heads dest src, batch n_heads src d_head -> batch n_heads dest d_head"
-        )
+        z, pattern = self.head_values(x, qk_positions, pattern)
         writes = einsum(
             z, self.W_O, "batch n_heads pos d_head, n_heads d_head d_model -> batch pos n_heads d_model"
         )

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from qkov.circuits.ablation import AblationEffect
+from qkov.circuits.attribution_patching import AblationEstimate
 from qkov.circuits.bigrams import BigramComparison
 from qkov.circuits.circuit import Circuit
 from qkov.circuits.composition import Composition, InductionCheck
@@ -81,6 +82,7 @@ class Results:
     circuit: Circuit | None = None
     ablation: list[AblationEffect] | None = None
     neurons: Neurons | None = None
+    ablation_estimate: AblationEstimate | None = None
     task: Task | None = None
     skipped: dict[str, str] = field(default_factory=dict)
 

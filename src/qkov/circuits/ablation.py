@@ -5,6 +5,7 @@ there is no induction).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ from qkov.data.random_tokens import loss_per_repeat
 from qkov.errors import QkovError
 from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name, hook_name
+from qkov.names import head_name, hook_name, parse_head
 
 MODES = ("zero", "mean")
 
@@ -92,15 +93,41 @@ class AblationEffect:
 # forward: at GPT-2 small's shapes a forward of ~100 tokens ran its matrix products at a third of the
 # rate of one of ~2000 (26 against 80 GFLOP/s, 2 threads, benchmarks/analyze_gpt2.py); the default
 # models' batch (32 x 126 tokens) is already that large and runs one ablation at a time.
-FORWARD_TOKENS = 4096
+FORWARD_TOKENS = 2048
+
+
+def rerun_flop(cfg: Config, length: int, layer: int) -> float:
+    """FLOP per token of one ablation of a head of ``layer``: a run from that layer on, logits
+    included."""
+    return (cfg.n_layers - layer) * layer_flop(cfg, length) + unembed_flop(cfg)
 
 
 def ablation_flop(cfg: Config, length: int) -> float:
     """FLOP per token of :func:`ablation_effects` on sequences of ``length``: the clean run, and per
     mode and head of every layer but the last, a run from the head's layer on, logits included."""
-    layers_run = sum(cfg.n_layers - layer for layer in range(cfg.n_layers - 1))
-    reruns = layers_run * layer_flop(cfg, length) + (cfg.n_layers - 1) * unembed_flop(cfg)
+    reruns = sum(rerun_flop(cfg, length, layer) for layer in range(cfg.n_layers - 1))
     return forward_flop(cfg, length) + len(MODES) * cfg.n_heads * reruns
+
+
+def within_budget(
+    cfg: Config, tokens: Int[Tensor, "batch pos"], ranking: list[tuple[str, str]], budget: float, least: int
+) -> list[tuple[str, str]] | None:
+    """The ablations ``(head, mode)`` of ``ranking`` to rerun exactly on ``tokens`` within ``budget``
+    FLOP: None (all of them) when :func:`ablation_effects` of every one fits, else the first of
+    ``ranking`` whose clean run and reruns fit, at least ``least`` of them (heads of the last
+    layer, which nothing reads, left out)."""
+    batch, length = tokens.shape
+    if batch * length * ablation_flop(cfg, length) <= budget:
+        return None
+    chosen, spent = [], batch * length * forward_flop(cfg, length)
+    for head, mode in ranking:
+        layer = parse_head(head)[0]
+        cost = batch * length * rerun_flop(cfg, length, layer)
+        if layer == cfg.n_layers - 1 or (len(chosen) >= least and spent + cost > budget):
+            continue
+        chosen.append((head, mode))
+        spent += cost
+    return chosen
 
 
 @torch.no_grad()
@@ -110,11 +137,13 @@ def ablation_effects(
     period: int,
     clean_run: tuple[Tensor, dict] | None = None,
     start: int = 0,
+    only: Collection[tuple[str, str]] | None = None,
 ) -> list[AblationEffect]:
-    """For every head of every layer but the last, zero- and mean-ablated: the change in each later
-    head's induction score and in the loss on each repeat, against the clean run (``clean_run``,
-    the unablated ``(logits, cache)`` on ``tokens``, computed when not given), read on the positions
-    from ``start`` on (1: after a start token).
+    """For every head of every layer but the last, zero- and mean-ablated (or only the ``(head,
+    mode)`` pairs of ``only``): the change in each later head's induction score and in the loss on
+    each repeat, against the clean run (``clean_run``, the unablated ``(logits, cache)`` on
+    ``tokens``, computed when not given), read on the positions from ``start`` on (1: after a start
+    token).
 
     Each ablated run equals :func:`run_ablated`'s full rerun, but starts at the ablated head's layer
     from the clean run's residual stream there (the layers before it see nothing of the ablation),
@@ -126,7 +155,12 @@ def ablation_effects(
     per_forward = max(1, FORWARD_TOKENS // tokens.numel())
     effects = []
     for layer in range(n_layers - 1):
-        ablations = [(head, mode) for head in range(n_heads) for mode in MODES]
+        ablations = [
+            (head, mode)
+            for head in range(n_heads)
+            for mode in MODES
+            if only is None or (head_name(layer, head), mode) in only
+        ]
         for first in range(0, len(ablations), per_forward):
             group = ablations[first : first + per_forward]
             runs = _ablated_from(model, tokens, (period, start), layer, group, cache)

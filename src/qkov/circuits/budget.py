@@ -4,8 +4,11 @@ stays bounded in time and memory while the default models keep their whole batch
 
 A repeated-token batch is ``sequences`` random sequences of ``period`` tokens, each repeated
 ``repeats`` times (section "Two-Layer Attention-Only Transformers": induction on repeated random
-tokens). :func:`batch_shape` starts from the full batch and gives up sequences first, down to one,
-then shortens the period: every score keeps its definition, only its sample shrinks.
+tokens). :func:`batch_shape` starts from the full batch and gives up sequences first, down to a
+floor, then shortens the period down to a floor: every score keeps its definition, only its sample
+shrinks. The steps a researcher reads as behaviour (head scores, ablations, term importance) keep
+at least ``TRUSTED``, 8 sequences of 128 tokens, even where that exceeds their budget: one short
+sequence is a sample too small to lean on.
 
 Costs count ``2 x`` multiply-adds (FLOP) of the matrix products, the terms that dominate at these
 shapes; elementwise work (softmax, LayerNorm, the cross-entropy's exponentials) is left out.
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from qkov.config import Config
 
 FLOAT_BYTES = 4  # the analyses run in the weights' float32
+TRUSTED = (8, 128)  # (sequences, tokens per sequence) the behavioural steps never cut below
 
 
 def layer_flop(cfg: Config, length: int) -> float:
@@ -46,18 +50,26 @@ def cache_bytes(cfg: Config, length: int) -> float:
 
 
 def batch_shape(
-    full: tuple[int, int], repeats: int, cost: Callable[[int], float], budget: float
+    full: tuple[int, int],
+    repeats: int,
+    cost: Callable[[int], float],
+    budget: float,
+    least: tuple[int, int] = (1, 0),
 ) -> tuple[int, int]:
     """``(sequences, period)`` of the largest repeated-token batch within ``budget``, where one token
     of a sequence of ``length`` costs ``cost(length)``: the full batch ``full = (sequences,
-    period)`` when it fits; else as many of its sequences as fit; when not even one does, one
-    sequence of the longest period that fits (at least 2, the shortest that repeats)."""
+    period)`` when it fits; else as many of its sequences as fit, down to ``least = (sequences,
+    tokens)``'s; then the longest period that fits that many, down to ``least``'s ``tokens`` per
+    sequence (``repeats x period``; a period of 2 at least, the shortest that repeats). The floor
+    is kept even where it exceeds ``budget``, and is never more than ``full``."""
     sequences, period = full
+    fewest = min(sequences, least[0])
+    shortest = min(period, max(2, -(-least[1] // repeats)))
 
     def fitting(p: int) -> int:
         length = repeats * p
         return int(budget // (length * cost(length)))
 
-    while period > 2 and fitting(period) < 1:
+    while period > shortest and fitting(period) < fewest:
         period -= 1
-    return max(1, min(sequences, fitting(period))), period
+    return max(fewest, min(sequences, fitting(period))), period

@@ -53,8 +53,13 @@ def loss_per_repeat(losses: Float[Tensor, "... pos"], period: int) -> list[float
     before, so no model can predict it; it belongs to no repeat. Positions past the last whole
     repeat are ignored; ``...`` (e.g. a batch) is averaged over.
     """
+    by_position = losses.reshape(-1, losses.shape[-1]).mean(0)
+    return [float(by_position[s].mean()) for s in repeat_slices(len(by_position), period)]
+
+
+def repeat_slices(n_losses: int, period: int) -> list[slice]:
+    """The positions of each whole repeat among ``n_losses`` next-token losses
+    (:func:`loss_per_repeat`)."""
     if period < 2:
         raise QkovError(f"the loss per repeat needs a period of at least 2, got {period}")
-    by_position = losses.reshape(-1, losses.shape[-1]).mean(0)
-    repeats = (len(by_position) + 1) // period
-    return [float(by_position[r * period : (r + 1) * period - 1].mean()) for r in range(repeats)]
+    return [slice(r * period, (r + 1) * period - 1) for r in range((n_losses + 1) // period)]

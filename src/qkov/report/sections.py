@@ -738,13 +738,45 @@ def ablation_section(r: Results) -> str:
     later = sorted({name for e in effects for name in e.induction_change}, key=parse_head)
     rows = [f"{e.head} ({e.mode})" for e in effects]
     values = [[e.induction_change.get(name) for name in later] + [e.loss_change[-1]] for e in effects]
+    every = 2 * r.config.n_heads * (r.config.n_layers - 1)  # both modes, every head read by a later layer
+    rerun = (
+        "every ablation rerun exactly"
+        if len(effects) == every
+        else f"exact reruns of the {len(effects)} of {every} ablations the first-order estimate ranks "
+        "highest (below)"
+    )
     return figure(
         heatmap(values, rows, later + ["loss, last repeat"], label="ablation effects"),
         "Change in each later head's induction score (and in the loss on the last repeat) when an earlier "
         "head's write is replaced by zero or by its mean, on "
         f"{effects[0].sequences} sequence(s) of random tokens repeating every {effects[0].period} "
-        "positions (fewer and shorter for large models: a fixed compute budget).",
+        f"positions: {rerun}.",
         "ablating the previous-token head breaks the induction heads.",
+    )
+
+
+ESTIMATES_SHOWN = 24  # the largest estimated ablations listed in the report (results.json has all)
+
+
+def ablation_estimate_section(r: Results) -> str:
+    estimate = r.ablation_estimate
+    if estimate is None:
+        return ""
+    rows = [
+        [a.head, a.mode, a.estimated, "—" if a.exact is None else a.exact]
+        for a in estimate.ablations[:ESTIMATES_SHOWN]
+    ]
+    rho = "" if estimate.rank_correlation is None else f", Spearman's ρ {estimate.rank_correlation:.3f}"
+    return figure(
+        table(["head", "ablation", "estimated change", "exact change"], rows),
+        f"Every ablation's change in the {esc(estimate.metric)} (clean {estimate.clean:.4f} nats), "
+        f"estimated to first order by attribution patching (one forward and one backward pass for "
+        f"every head: the gradient at each head's write times the ablation's change of it) on "
+        f"{esc(estimate.tokens)}, {estimate.sequences} sequence(s) of period {estimate.period}; the "
+        f"largest {len(rows)} of {len(estimate.ablations)}. Exact: a rerun with the head ablated "
+        f"({estimate.exact} of them{rho}); '—': estimated only.",
+        "the estimate ranks the heads that matter first; where it and the rerun differ, the rerun is "
+        "the number.",
     )
 
 
@@ -856,6 +888,7 @@ SECTIONS: dict[str, Callable[[Results], str]] = {
     "circuit": circuit_section,
     "ablation": ablation_section,
     "neurons": neurons_section,
+    "ablation_estimate": ablation_estimate_section,
     "term_importance": term_importance_section,
     "task": task_section,
     "skipped": skipped_section,
