@@ -456,3 +456,48 @@ def _streamed(A: Float[Tensor, "m r"], basis: _Basis, k: int, block_rows: int) -
         values, index = _ranked(torch.cat([values, exact]), torch.cat([index, found]), k)
         tau = float(values[-1]) if len(values) == k else -math.inf
     return values, index
+
+
+@torch.no_grad()
+def row_max_bounds(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"]) -> Float[Tensor, "m"]:
+    """An upper bound on each row's largest entry of ``A @ B`` (float64), from the column leaves'
+    boxes and the slack of the search's bounds (see the module docstring), without computing any
+    entry: ``O(m (n / LEAF) LEAD)`` work. Tight where the spectrum decays; where it is flat the
+    Cauchy-Schwarz tail makes it loose (:func:`screened_row_max_bounds` is tight there)."""
+    a, b = A.detach().to(DECIDE), B.detach().to(DECIDE)
+    basis = _Basis(a, b, *_basis(a, b))
+    cols = _column_leaves(basis)
+    return torch.cat(
+        [
+            _row_bounds(
+                basis.P[at : at + BOUND_ROWS, :LEAD], basis.row_slack[at : at + BOUND_ROWS], cols
+            ).amax(1)
+            for at in range(0, len(a), BOUND_ROWS)
+        ]
+    )
+
+
+@torch.no_grad()
+def screened_row_max_bounds(
+    A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], block_rows: int = LEAF
+) -> Float[Tensor, "m"]:
+    """An upper bound on each row's largest entry of ``A @ B`` (float64): the row maximum screened
+    in float32 (one streamed pass, ``block_rows`` rows at a time into one reused buffer) plus twice
+    its error bound ``gamma_{r+3} ||a_i|| max_j ||b_j||`` (see the module docstring; twice, so that
+    the float64 sum rounding down cannot cross the true maximum)."""
+    screen, gamma = _screening(A)
+    a, b = A.detach(), B.detach()
+    a_screen, b_screen = a.to(screen), b.to(screen)
+    error = 2 * gamma * a.to(DECIDE).norm(dim=1) * b.to(DECIDE).norm(dim=0).max()
+    buffer = torch.empty(min(block_rows, len(a)), b.shape[1], dtype=screen, device=a.device)
+    best = torch.cat(
+        [
+            torch.matmul(
+                a_screen[at : at + block_rows], b_screen, out=buffer[: len(a_screen[at : at + block_rows])]
+            )
+            .amax(1)
+            .to(DECIDE)
+            for at in range(0, len(a), block_rows)
+        ]
+    )
+    return best + error
