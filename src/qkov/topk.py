@@ -262,13 +262,14 @@ def _columns(search: _Search, live: Tensor) -> Int[Tensor, "c"]:
 
 def _decide(a: Float[Tensor, "m r"], b_t: Float[Tensor, "n r"], rows: Tensor, cols: Tensor) -> Tensor:
     """Exact (float64) entries ``a[rows] . b_t[cols]``, one dot product each (the same value whatever
-    block an entry was screened in), ``DECIDE_CHUNK`` at a time."""
+    block an entry was screened in), ``DECIDE_CHUNK`` at a time; the gathered rows are widened to
+    float64 (the same numbers as gathered from a float64 copy, without one)."""
     return torch.cat(
         [
-            (a[rows[at : at + DECIDE_CHUNK]] * b_t[cols[at : at + DECIDE_CHUNK]]).sum(1)
+            (a[rows[at : at + DECIDE_CHUNK]].to(DECIDE) * b_t[cols[at : at + DECIDE_CHUNK]].to(DECIDE)).sum(1)
             for at in range(0, len(rows), DECIDE_CHUNK)
         ]
-        or [a.new_empty(0)]
+        or [a.new_empty(0, dtype=DECIDE)]
     )
 
 
@@ -312,39 +313,45 @@ def largest_entries(
     leaf's bounds (:func:`_leaf_bounds`), cheapest first, must each leave at most
     :data:`LIVE_LIMIT` of the entries to screen; otherwise the product is streamed, ``block_rows``
     rows at a time (:func:`_streamed`), at the cost of the exhaustive search."""
-    a, b = A.detach().to(DECIDE), B.detach().to(DECIDE)
-    tau = _first_tau(a, b, k)
-    if _pointwise_live(_sampled_basis(a, b), tau) > LIVE_LIMIT:
-        return _streamed(A, a, b, k, block_rows)
+    A, B = A.detach(), B.detach()
+    tau = _first_tau(A, B, k)
+    if _pointwise_live(_sampled_basis(A, B), tau) > LIVE_LIMIT:
+        return _streamed(A, B, k, block_rows)
+    a, b = A.to(DECIDE), B.to(DECIDE)
     basis = _Basis(a, b, *_basis(a, b))
     cols = _column_leaves(basis)
     if _sampled_live(basis, cols, tau) > LIVE_LIMIT:
-        return _streamed(A, a, b, k, block_rows)
+        return _streamed(A, B, k, block_rows)
     search = _prepare(A, basis, cols, row_leaf)
     leaf_bound, live = _leaf_bounds(search, tau)
     if live > LIVE_LIMIT:
-        return _streamed(A, a, b, k, block_rows)
+        return _streamed(A, B, k, block_rows)
     return _pruned(search, leaf_bound, k)
 
 
-def _first_tau(a: Float[Tensor, "m r"], b: Float[Tensor, "r n"], k: int) -> float:
-    """A lower bound on the ``k``-th best entry: the ``k``-th best of the entries between the
-    :data:`SAMPLE` rows and columns of the largest norms (``-inf`` if fewer)."""
+def _first_tau(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], k: int) -> float:
+    """A lower bound on the ``k``-th best entry: the ``k``-th best of the entries (float64) between
+    the :data:`SAMPLE` rows and columns of the largest norms (``-inf`` if fewer)."""
     side = max(SAMPLE, math.isqrt(k - 1) + 1)
-    rows = a.norm(dim=1).topk(min(a.shape[0], side)).indices
-    cols = b.norm(dim=0).topk(min(b.shape[1], side)).indices
+    rows = _norms(A, 1).topk(min(A.shape[0], side)).indices
+    cols = _norms(B, 0).topk(min(B.shape[1], side)).indices
     if len(rows) * len(cols) < k:
         return -math.inf
-    return float(_kth((a[rows] @ b[:, cols]).flatten(), k))
+    return float(_kth((A[rows].to(DECIDE) @ B[:, cols].to(DECIDE)).flatten(), k))
 
 
-def _sampled_basis(a: Float[Tensor, "m r"], b: Float[Tensor, "r n"]) -> _Basis:
+def _norms(X: Tensor, dim: int) -> Float[Tensor, "N"]:
+    """Euclidean norms along ``dim``, accumulated in float64 (no float64 copy of ``X``)."""
+    return torch.linalg.vector_norm(X, dim=dim, dtype=DECIDE)
+
+
+def _sampled_basis(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"]) -> _Basis:
     """The basis (:func:`_basis`) of the product of :data:`DECISION_ROWS` evenly spaced rows and
     columns: its bounds on its entries hold as the whole product's do (the slack is computed for
     the ``M``, ``N`` it has) and say as much about pruning, for a twelfth of the work at 50257."""
-    rows = torch.arange(0, a.shape[0], max(1, a.shape[0] // DECISION_ROWS), device=a.device)
-    cols = torch.arange(0, b.shape[1], max(1, b.shape[1] // DECISION_ROWS), device=b.device)
-    a, b = a[rows], b[:, cols]
+    rows = torch.arange(0, A.shape[0], max(1, A.shape[0] // DECISION_ROWS), device=A.device)
+    cols = torch.arange(0, B.shape[1], max(1, B.shape[1] // DECISION_ROWS), device=B.device)
+    a, b = A[rows].to(DECIDE), B[:, cols].to(DECIDE)
     return _Basis(a, b, *_basis(a, b))
 
 
@@ -441,19 +448,19 @@ def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int) -> tuple[
 
 
 def _streamed(
-    A: Float[Tensor, "m r"], a: Float[Tensor, "m r"], b: Float[Tensor, "r n"], k: int, block_rows: int
+    A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], k: int, block_rows: int
 ) -> tuple[Tensor, Tensor]:
     """The exhaustive search: ``block_rows`` rows of the product at a time, screened into one
     reused buffer; a block whose largest entry is below ``tau`` by more than its screening error
     is passed over (one pass, as the exhaustive search's row maxima), the others' candidates
-    (:func:`_candidates`) decided in float64 from ``a``, ``b`` (the factors in float64)."""
-    m, n = a.shape[0], b.shape[1]
+    (:func:`_candidates`) decided in float64 (:func:`_decide`)."""
+    m, n = A.shape[0], B.shape[1]
     screen, gamma = _screening(A)
-    a_screen, b_screen, b_decide = A.detach().to(screen), b.to(screen), b.mT.contiguous()
-    col_norm = float(b.norm(dim=0).max())
-    errors = [gamma * col_norm * float(rows.max()) for rows in a.norm(dim=1).split(block_rows)]
-    buffer = torch.empty(min(block_rows, m), n, dtype=screen, device=a.device)
-    values, index = a.new_empty(0), torch.empty(0, dtype=torch.long, device=a.device)
+    a_screen, b_screen, b_decide = A.to(screen), B.to(screen), B.mT.contiguous()
+    col_norm = float(_norms(B, 0).max())
+    errors = [gamma * col_norm * float(rows.max()) for rows in _norms(A, 1).split(block_rows)]
+    buffer = torch.empty(min(block_rows, m), n, dtype=screen, device=A.device)
+    values, index = A.new_empty(0, dtype=DECIDE), torch.empty(0, dtype=torch.long, device=A.device)
     tau = -math.inf
     for start, error in zip(range(0, m, block_rows), errors, strict=True):
         rows = a_screen[start : start + block_rows]
@@ -462,9 +469,9 @@ def _streamed(
         if tau > -math.inf and float(best.max()) < tau - error:
             continue  # no entry can beat tau (_candidates keeps x >= tau - error, nothing else)
         at_row, at_col = _candidates(
-            screened, best, tau, k, torch.tensor(error, dtype=DECIDE, device=a.device)
+            screened, best, tau, k, torch.tensor(error, dtype=DECIDE, device=A.device)
         )
-        exact = _decide(a, b_decide, at_row + start, at_col)
+        exact = _decide(A, b_decide, at_row + start, at_col)
         found = (at_row + start) * n + at_col
         values, index = _ranked(torch.cat([values, exact]), torch.cat([index, found]), k)
         tau = float(values[-1]) if len(values) == k else -math.inf
