@@ -218,6 +218,7 @@ def main() -> None:
     parser.add_argument("--d-head", type=int, default=64)
     parser.add_argument("--tl-layers", type=int, default=2, help="layers TransformerLens is measured on")
     parser.add_argument("--sample-rows", type=int, default=500)
+    parser.add_argument("--spectra-only", action="store_true", help="the OV and QK tables alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -230,6 +231,8 @@ def main() -> None:
         warm_up()
         spectra(model, "OV", min(args.tl_layers, args.layers))
         spectra(model, "QK", min(args.tl_layers, args.layers))
+        if args.spectra_only:
+            return
         diagonal(model)
         self_top1(model, args.sample_rows)
         baselines()

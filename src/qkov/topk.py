@@ -20,10 +20,12 @@ Bound, then compute what the bound cannot rule out (branch and bound):
 - *fallback*: a flat spectrum, or flat norms, prune little, and screening leaf by leaf (gathered
   columns, bounds, per-leaf passes) costs more per entry than streaming the product. So before any
   of it, a first ``tau`` (the ``k``-th best entry between the rows and columns of the largest
-  norms: a lower bound on the answer's) is held against bounds, and the product is streamed
-  whole, in cache-sized row blocks screened and decided as below, when the search would screen
-  more than :data:`LIVE_LIMIT` (20%) of the entries: as sampled rows' bounds on entries say
-  (no leaves needed), then as the sampled rows' bounds on the column leaves say (before the row
+  norms of the factors: a lower bound on the answer's) is held against bounds, and the product is
+  streamed whole, in cache-sized row blocks screened and decided as below, when the search would
+  screen more than :data:`LIVE_LIMIT` (20%) of the entries: as sampled rows' bounds on entries say
+  (no leaves needed, nor the whole product's basis: that of :data:`DECISION_ROWS` evenly spaced
+  rows and columns, so that a flat product is streamed after a few milliseconds), then as the
+  sampled rows' bounds on the column leaves say (before the row
   leaves are built), then as every row leaf's bounds say. Measured (``benchmarks/topk.py
   --sweep``, 20000 x 20000 at rank 64, 1 thread), the pruned search breaks even with streaming
   when it screens about 20% of the entries: 1.3x faster at 6-10%, 1.9x at 0.5%, 0.6-0.9x at
@@ -61,6 +63,7 @@ DECIDE_CHUNK = 16384  # candidates decided at once: 2 x 8 MiB of gathered float6
 DENSE_FRACTION = 0.5
 LIVE_LIMIT = 0.2  # pruned only where it expects to screen at most this fraction (the break-even)
 SAMPLE = 64  # rows and columns of the largest norms whose entries give a first k-th best
+DECISION_ROWS = 4096  # evenly spaced rows and columns whose product the first estimate reads
 SAMPLE_ROWS = 64  # rows whose bounds estimate what the search would screen (64 x 50257: 25 MiB)
 SCREEN = torch.float32
 UNIT_ROUNDOFF = 2.0**-24  # of SCREEN
@@ -259,13 +262,14 @@ def _columns(search: _Search, live: Tensor) -> Int[Tensor, "c"]:
 
 def _decide(a: Float[Tensor, "m r"], b_t: Float[Tensor, "n r"], rows: Tensor, cols: Tensor) -> Tensor:
     """Exact (float64) entries ``a[rows] . b_t[cols]``, one dot product each (the same value whatever
-    block an entry was screened in), ``DECIDE_CHUNK`` at a time."""
+    block an entry was screened in), ``DECIDE_CHUNK`` at a time; the gathered rows are widened to
+    float64 (the same numbers as gathered from a float64 copy, without one)."""
     return torch.cat(
         [
-            (a[rows[at : at + DECIDE_CHUNK]] * b_t[cols[at : at + DECIDE_CHUNK]]).sum(1)
+            (a[rows[at : at + DECIDE_CHUNK]].to(DECIDE) * b_t[cols[at : at + DECIDE_CHUNK]].to(DECIDE)).sum(1)
             for at in range(0, len(rows), DECIDE_CHUNK)
         ]
-        or [a.new_empty(0)]
+        or [a.new_empty(0, dtype=DECIDE)]
     )
 
 
@@ -309,31 +313,46 @@ def largest_entries(
     leaf's bounds (:func:`_leaf_bounds`), cheapest first, must each leave at most
     :data:`LIVE_LIMIT` of the entries to screen; otherwise the product is streamed, ``block_rows``
     rows at a time (:func:`_streamed`), at the cost of the exhaustive search."""
-    a, b = A.detach().to(DECIDE), B.detach().to(DECIDE)
+    A, B = A.detach(), B.detach()
+    tau = _first_tau(A, B, k)
+    if _pointwise_live(_sampled_basis(A, B), tau) > LIVE_LIMIT:
+        return _streamed(A, B, k, block_rows)
+    a, b = A.to(DECIDE), B.to(DECIDE)
     basis = _Basis(a, b, *_basis(a, b))
-    tau = _first_tau(basis, k)
-    if _pointwise_live(basis, tau) > LIVE_LIMIT:
-        return _streamed(A, basis, k, block_rows)
     cols = _column_leaves(basis)
     if _sampled_live(basis, cols, tau) > LIVE_LIMIT:
-        return _streamed(A, basis, k, block_rows)
+        return _streamed(A, B, k, block_rows)
     search = _prepare(A, basis, cols, row_leaf)
     leaf_bound, live = _leaf_bounds(search, tau)
     if live > LIVE_LIMIT:
-        return _streamed(A, basis, k, block_rows)
+        return _streamed(A, B, k, block_rows)
     return _pruned(search, leaf_bound, k)
 
 
-def _first_tau(basis: _Basis, k: int) -> float:
-    """A lower bound on the ``k``-th best entry: the ``k``-th best of the entries between the
-    :data:`SAMPLE` rows and columns of the largest singular-coordinate norms (``-inf`` if fewer)."""
-    m, n = basis.P.shape[0], basis.Q.shape[0]
+def _first_tau(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], k: int) -> float:
+    """A lower bound on the ``k``-th best entry: the ``k``-th best of the entries (float64) between
+    the :data:`SAMPLE` rows and columns of the largest norms (``-inf`` if fewer)."""
     side = max(SAMPLE, math.isqrt(k - 1) + 1)
-    rows = basis.P.norm(dim=1).topk(min(m, side)).indices
-    cols = basis.Q.norm(dim=1).topk(min(n, side)).indices
+    rows = _norms(A, 1).topk(min(A.shape[0], side)).indices
+    cols = _norms(B, 0).topk(min(B.shape[1], side)).indices
     if len(rows) * len(cols) < k:
         return -math.inf
-    return float(_kth((basis.a[rows] @ basis.b[:, cols]).flatten(), k))
+    return float(_kth((A[rows].to(DECIDE) @ B[:, cols].to(DECIDE)).flatten(), k))
+
+
+def _norms(X: Tensor, dim: int) -> Float[Tensor, "N"]:
+    """Euclidean norms along ``dim``, accumulated in float64 (no float64 copy of ``X``)."""
+    return torch.linalg.vector_norm(X, dim=dim, dtype=DECIDE)
+
+
+def _sampled_basis(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"]) -> _Basis:
+    """The basis (:func:`_basis`) of the product of :data:`DECISION_ROWS` evenly spaced rows and
+    columns: its bounds on its entries hold as the whole product's do (the slack is computed for
+    the ``M``, ``N`` it has) and say as much about pruning, for a twelfth of the work at 50257."""
+    rows = torch.arange(0, A.shape[0], max(1, A.shape[0] // DECISION_ROWS), device=A.device)
+    cols = torch.arange(0, B.shape[1], max(1, B.shape[1] // DECISION_ROWS), device=B.device)
+    a, b = A[rows].to(DECIDE), B[:, cols].to(DECIDE)
+    return _Basis(a, b, *_basis(a, b))
 
 
 def _sampled_rows(basis: _Basis) -> Int[Tensor, "s"]:
@@ -428,19 +447,20 @@ def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int) -> tuple[
     return exact, search.rows.order[positions] * len(search.cols.order) + search.cols.order[cols]
 
 
-def _streamed(A: Float[Tensor, "m r"], basis: _Basis, k: int, block_rows: int) -> tuple[Tensor, Tensor]:
+def _streamed(
+    A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], k: int, block_rows: int
+) -> tuple[Tensor, Tensor]:
     """The exhaustive search: ``block_rows`` rows of the product at a time, screened into one
     reused buffer; a block whose largest entry is below ``tau`` by more than its screening error
     is passed over (one pass, as the exhaustive search's row maxima), the others' candidates
-    (:func:`_candidates`) decided in float64."""
-    a, b = basis.a, basis.b
-    m, n = a.shape[0], b.shape[1]
+    (:func:`_candidates`) decided in float64 (:func:`_decide`)."""
+    m, n = A.shape[0], B.shape[1]
     screen, gamma = _screening(A)
-    a_screen, b_screen, b_decide = A.detach().to(screen), b.to(screen), b.mT.contiguous()
-    col_norm = float(b.norm(dim=0).max())
-    errors = [gamma * col_norm * float(rows.max()) for rows in a.norm(dim=1).split(block_rows)]
-    buffer = torch.empty(min(block_rows, m), n, dtype=screen, device=a.device)
-    values, index = a.new_empty(0), torch.empty(0, dtype=torch.long, device=a.device)
+    a_screen, b_screen, b_decide = A.to(screen), B.to(screen), B.mT.contiguous()
+    col_norm = float(_norms(B, 0).max())
+    errors = [gamma * col_norm * float(rows.max()) for rows in _norms(A, 1).split(block_rows)]
+    buffer = torch.empty(min(block_rows, m), n, dtype=screen, device=A.device)
+    values, index = A.new_empty(0, dtype=DECIDE), torch.empty(0, dtype=torch.long, device=A.device)
     tau = -math.inf
     for start, error in zip(range(0, m, block_rows), errors, strict=True):
         rows = a_screen[start : start + block_rows]
@@ -449,10 +469,55 @@ def _streamed(A: Float[Tensor, "m r"], basis: _Basis, k: int, block_rows: int) -
         if tau > -math.inf and float(best.max()) < tau - error:
             continue  # no entry can beat tau (_candidates keeps x >= tau - error, nothing else)
         at_row, at_col = _candidates(
-            screened, best, tau, k, torch.tensor(error, dtype=DECIDE, device=a.device)
+            screened, best, tau, k, torch.tensor(error, dtype=DECIDE, device=A.device)
         )
-        exact = _decide(a, b_decide, at_row + start, at_col)
+        exact = _decide(A, b_decide, at_row + start, at_col)
         found = (at_row + start) * n + at_col
         values, index = _ranked(torch.cat([values, exact]), torch.cat([index, found]), k)
         tau = float(values[-1]) if len(values) == k else -math.inf
     return values, index
+
+
+@torch.no_grad()
+def row_max_bounds(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"]) -> Float[Tensor, "m"]:
+    """An upper bound on each row's largest entry of ``A @ B`` (float64), from the column leaves'
+    boxes and the slack of the search's bounds (see the module docstring), without computing any
+    entry: ``O(m (n / LEAF) LEAD)`` work. Tight where the spectrum decays; where it is flat the
+    Cauchy-Schwarz tail makes it loose (:func:`screened_row_max_bounds` is tight there)."""
+    a, b = A.detach().to(DECIDE), B.detach().to(DECIDE)
+    basis = _Basis(a, b, *_basis(a, b))
+    cols = _column_leaves(basis)
+    return torch.cat(
+        [
+            _row_bounds(
+                basis.P[at : at + BOUND_ROWS, :LEAD], basis.row_slack[at : at + BOUND_ROWS], cols
+            ).amax(1)
+            for at in range(0, len(a), BOUND_ROWS)
+        ]
+    )
+
+
+@torch.no_grad()
+def screened_row_max_bounds(
+    A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], block_rows: int = LEAF
+) -> Float[Tensor, "m"]:
+    """An upper bound on each row's largest entry of ``A @ B`` (float64): the row maximum screened
+    in float32 (one streamed pass, ``block_rows`` rows at a time into one reused buffer) plus twice
+    its error bound ``gamma_{r+3} ||a_i|| max_j ||b_j||`` (see the module docstring; twice, so that
+    the float64 sum rounding down cannot cross the true maximum)."""
+    screen, gamma = _screening(A)
+    a, b = A.detach(), B.detach()
+    a_screen, b_screen = a.to(screen), b.to(screen)
+    error = 2 * gamma * a.to(DECIDE).norm(dim=1) * b.to(DECIDE).norm(dim=0).max()
+    buffer = torch.empty(min(block_rows, len(a)), b.shape[1], dtype=screen, device=a.device)
+    best = torch.cat(
+        [
+            torch.matmul(
+                a_screen[at : at + block_rows], b_screen, out=buffer[: len(a_screen[at : at + block_rows])]
+            )
+            .amax(1)
+            .to(DECIDE)
+            for at in range(0, len(a), block_rows)
+        ]
+    )
+    return best + error

@@ -34,8 +34,12 @@ from qkov.errors import QkovError
 from qkov.linalg import FactoredMatrix
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name
+from qkov.topk import row_max_bounds, screened_row_max_bounds
 
 SOURCE_BLOCK = 1024
+EXHAUSTIVE_TOKENS = 8192  # up to here every source is searched (2 n^2 d_head products: under a second)
+PRUNE_BLOCK = 256  # sources whose triples are found exactly at once
+SCREENED_FRACTION = 0.1  # the leaves' bounds leave more sources than this: screen the maxima
 
 
 @dataclass(frozen=True)
@@ -75,15 +79,24 @@ def head_circuits(
     model: AttnOnlyTransformer, layer: int, head: int, allowed: Bool[Tensor, "d_vocab"] | None = None
 ) -> HeadCircuits:
     with torch.no_grad():
-        every = torch.arange(model.cfg.d_vocab, device=model.device)
-        tokens = every if allowed is None else allowed.to(model.device).nonzero().squeeze(1)
-        if tokens.numel() == 0:
-            raise QkovError("no tokens left to search for skip-trigrams")
-        qk = full_qk_circuit(model)[layer, head].to(torch.float64)
-        ov = full_ov_circuit(model)[layer, head].to(torch.float64)
-        qk = FactoredMatrix(qk.A[tokens], qk.B[:, tokens])
-        ov = FactoredMatrix(ov.A[tokens], ov.B[:, tokens])
-        return HeadCircuits(_centred(qk), _centred(ov), tokens)
+        tokens = _allowed_tokens(model, allowed)
+        return _circuits_of(full_qk_circuit(model)[layer, head], full_ov_circuit(model)[layer, head], tokens)
+
+
+def _allowed_tokens(model: AttnOnlyTransformer, allowed: Bool[Tensor, "d_vocab"] | None) -> Tensor:
+    every = torch.arange(model.cfg.d_vocab, device=model.device)
+    tokens = every if allowed is None else allowed.to(model.device).nonzero().squeeze(1)
+    if tokens.numel() == 0:
+        raise QkovError("no tokens left to search for skip-trigrams")
+    return tokens
+
+
+def _circuits_of(qk: FactoredMatrix, ov: FactoredMatrix, tokens: Tensor) -> HeadCircuits:
+    """One head's circuits over ``tokens``, in float64, centred."""
+    qk, ov = qk.to(torch.float64), ov.to(torch.float64)
+    qk = FactoredMatrix(qk.A[tokens], qk.B[:, tokens])
+    ov = FactoredMatrix(ov.A[tokens], ov.B[:, tokens])
+    return HeadCircuits(_centred(qk), _centred(ov), tokens)
 
 
 class _Candidates(NamedTuple):
@@ -108,15 +121,16 @@ class _Candidates(NamedTuple):
         return _Candidates(*(field.expand(shape)[where] for field in self))
 
 
-def _strongest_of(circuits: HeadCircuits, blocks: Iterable[_Candidates], k: int) -> list[SkipTrigram]:
-    """The ``k`` strongest of all the blocks' candidates (each block's best merged into the best so
-    far, so one block at a time is in memory), as skip-trigrams of token ids."""
-    best = None
-    for block in blocks:
-        found = block.strongest(k)
-        if best is None:
-            best = _Candidates(*(field.new_empty(0) for field in found))
-        best = _Candidates(*map(torch.cat, zip(best, found, strict=True))).strongest(k)
+def _merged(best: _Candidates | None, block: _Candidates, k: int) -> _Candidates:
+    """The ``k`` strongest of ``best`` (None before the first block) and ``block``'s own best."""
+    found = block.strongest(k)
+    if best is None:
+        best = _Candidates(*(field.new_empty(0) for field in found))
+    return _Candidates(*map(torch.cat, zip(best, found, strict=True))).strongest(k)
+
+
+def _trigrams(circuits: HeadCircuits, best: _Candidates | None) -> list[SkipTrigram]:
+    """The positive candidates of ``best`` (strongest first) as skip-trigrams of token ids."""
     if best is None:
         return []
     tokens, trigrams = circuits.tokens, []
@@ -128,10 +142,83 @@ def _strongest_of(circuits: HeadCircuits, blocks: Iterable[_Candidates], k: int)
     return trigrams
 
 
+def _strongest_of(circuits: HeadCircuits, blocks: Iterable[_Candidates], k: int) -> list[SkipTrigram]:
+    """The ``k`` strongest of all the blocks' candidates (each block's best merged into the best so
+    far, so one block at a time is in memory), as skip-trigrams of token ids."""
+    best = None
+    for block in blocks:
+        best = _merged(best, block, k)
+    return _trigrams(circuits, best)
+
+
+def _source_candidates(circuits: HeadCircuits, sources: Tensor, per_source: int) -> _Candidates:
+    """Each of ``sources``' ``per_source`` best destinations times its best outputs, exactly (its
+    column of the QK circuit and its row of the OV circuit, in the circuits' dtype)."""
+    qk = circuits.qk.T
+    qk_values, dests = FactoredMatrix(qk.A[sources], qk.B).topk_per_row(per_source)
+    ov_values, outs = FactoredMatrix(circuits.ov.A[sources], circuits.ov.B).topk_per_row(per_source)
+    return _Candidates(
+        sources[:, None, None],
+        dests[:, :, None],
+        outs[:, None, :],
+        qk_values[:, :, None],
+        ov_values[:, None, :],
+    )
+
+
+def _strength_bound(qk_max: Tensor, ov_max: Tensor) -> Tensor:
+    """A bound on a source's strongest triple from bounds on its QK column's and OV row's maxima;
+    ``-inf`` where either is not positive (no positive triple)."""
+    positive = (qk_max > 0) & (ov_max > 0)
+    return torch.where(positive, qk_max * ov_max, -math.inf)
+
+
+def _tightened(circuits: HeadCircuits, bounds: Tensor, tau: float) -> Tensor:
+    """``bounds`` (from the leaves' boxes), or where they leave more than :data:`SCREENED_FRACTION`
+    of the sources at or above ``tau``, the tighter bounds from the maxima screened in float32 (one
+    pass over both circuits: the exhaustive search's matmuls, without its top-k)."""
+    if float((bounds >= tau).double().mean()) <= SCREENED_FRACTION:
+        return bounds
+    qk, ov = circuits.qk.T, circuits.ov
+    screened = _strength_bound(screened_row_max_bounds(qk.A, qk.B), screened_row_max_bounds(ov.A, ov.B))
+    return screened.minimum(bounds)
+
+
 @torch.no_grad()
 def strongest_skip_trigrams(circuits: HeadCircuits, k: int = 50) -> list[SkipTrigram]:
     """The ``k`` strongest skip-trigrams of one head, strongest first (exact; see the module
-    docstring)."""
+    docstring), without searching most sources: the sources of the highest bounds on their strongest
+    triple (:func:`qkov.topk.row_max_bounds` of both circuits) searched first for a ``k``-th best
+    strength ``tau``; then the rest in order of their bounds (:func:`_tightened`),
+    :data:`PRUNE_BLOCK` at a time, each block's triples found exactly, until the next bound falls
+    below the ``tau`` held: no triple of the sources left can enter the table, nor tie with its end.
+
+    Ties: equal strengths are ordered as ``torch.topk`` orders them among the candidates merged,
+    so of equal-strength triples at the table's end another may be kept than the exhaustive search
+    kept; the strengths are the same. Up to :data:`EXHAUSTIVE_TOKENS` tokens every source is
+    searched, in blocks of :data:`SOURCE_BLOCK` (:func:`_exhaustive`), which keeps that search's
+    order among equal strengths."""
+    n, per_source = len(circuits.tokens), min(k, len(circuits.tokens))
+    if n <= EXHAUSTIVE_TOKENS:
+        return _exhaustive(circuits, k)
+    qk, ov = circuits.qk.T, circuits.ov
+    bounds = _strength_bound(row_max_bounds(qk.A, qk.B), row_max_bounds(ov.A, ov.B))
+    opening = bounds.argsort(descending=True)[:PRUNE_BLOCK]
+    best = _merged(None, _source_candidates(circuits, opening, per_source), k)
+    bounds = _tightened(circuits, bounds, _tau(best, k))
+    bounds[opening] = -math.inf
+    order = bounds.argsort(descending=True)
+    for start in range(0, n, PRUNE_BLOCK):
+        block = order[start : start + PRUNE_BLOCK]
+        block = block[(bounds[block] >= _tau(best, k)) & (bounds[block] > -math.inf)]
+        if block.numel() == 0:
+            break  # the bounds are in descending order: every later source's is lower still
+        best = _merged(best, _source_candidates(circuits, block, per_source), k)
+    return _trigrams(circuits, best)
+
+
+def _exhaustive(circuits: HeadCircuits, k: int) -> list[SkipTrigram]:
+    """Every source's ``k`` best destinations times its ``k`` best outputs, the ``k`` strongest."""
     n = len(circuits.tokens)
     per_source = min(k, n)
     qk_values, dests = circuits.qk.T.topk_per_row(per_source)  # [source, per_source]
@@ -152,6 +239,14 @@ def strongest_skip_trigrams(circuits: HeadCircuits, k: int = 50) -> list[SkipTri
 
 def _source_blocks(n: int) -> list[tuple[int, int]]:
     return [(start, min(start + SOURCE_BLOCK, n)) for start in range(0, n, SOURCE_BLOCK)]
+
+
+def _tau(best: _Candidates, k: int) -> float:
+    """The ``k``-th best positive strength held, ``-inf`` before ``k`` are."""
+    positive = (best.qk > 0) & (best.ov > 0)
+    if int(positive.sum()) < k:
+        return -math.inf
+    return float((best.qk * best.ov)[positive].min())
 
 
 def check_through(source: int | None, destination: int | None) -> None:
@@ -328,6 +423,7 @@ class SkipTrigrams:
     bug_cost: BugCost | None = None
 
 
+@torch.no_grad()
 def skip_trigram_tables(
     model: AttnOnlyTransformer,
     k: int = 50,
@@ -339,8 +435,10 @@ def skip_trigram_tables(
     ``corpus`` (token ids), each crossed skip-trigram says whether it occurs there within the model's
     context (:func:`skip_trigram_occurs`)."""
     tables, bugs = {}, {}
+    tokens = _allowed_tokens(model, allowed)
+    qk, ov = full_qk_circuit(model)[0], full_ov_circuit(model)[0]  # every head's factors, built once
     for head in range(model.cfg.n_heads):
-        circuits = head_circuits(model, 0, head, allowed)
+        circuits = _circuits_of(qk[head], ov[head], tokens)
         trigrams = strongest_skip_trigrams(circuits, k)
         found = skip_trigram_bugs(circuits, trigrams)
         if corpus is not None:

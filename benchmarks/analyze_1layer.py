@@ -1,0 +1,145 @@
+"""``qkov analyze`` of the paper's one-layer shape (section "One-Layer Attention-Only Transformers":
+12 heads of 64, d_model 768, 50257 tokens), end to end in fresh processes, with its peak resident
+memory, on a random and on a trained-like model, without and with a corpus; beside it, one head's
+skip-trigram table by the pruned search and by every source searched (the code before it), in this
+process, with the matmul rate measured alongside.
+
+- *random*: qkov's initialisation (every full circuit's spectrum about flat: nothing to prune);
+- *trained-like*: the same, then each head's ``W_Q``, ``W_K``, ``W_V`` and ``W_O`` scaled along its
+  ``d_head`` axis by ``i^-0.75`` (each circuit's singular values decay about as ``i^-1.5``) and the
+  rows of ``W_E`` and columns of ``W_U`` by log-normal norms (``exp(0.5 N(0, 1))``), as in
+  ``benchmarks/topk.py``;
+- the corpus: a word-level tokenizer of the 50257 tokens ``w0 ... w50256`` and ``--words`` words
+  drawn from a Zipf law (exponent 1.1) written as text: generated here, nothing downloaded.
+
+    flock /tmp/qkov-heavy.lock python benchmarks/analyze_1layer.py              # about 5 minutes
+    python benchmarks/analyze_1layer.py --vocab 8192 --words 200000             # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import qkov
+from qkov.circuits import skip_trigrams
+from qkov.data.tokenizer import END_OF_TEXT
+
+from peak_memory import measure
+
+RUN = (
+    "import atexit, resource, runpy, sys; "
+    "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+    "atexit.register(lambda: print('MAXRSS', peak(), file=sys.stderr)); "
+    "sys.argv = ['qkov', *sys.argv[1:]]; runpy.run_module('qkov', run_name='__main__')"
+)
+
+
+def one_layer(kind: str, vocab: int, seed: int = 0) -> qkov.AttnOnlyTransformer:
+    torch.manual_seed(seed)
+    model = qkov.AttnOnlyTransformer(qkov.Config(1, 12, 768, 64, vocab, 1024))
+    if kind == "trained-like":
+        gen = torch.Generator().manual_seed(seed)
+        decay = torch.arange(1, 65, dtype=torch.float32) ** -0.75
+        with torch.no_grad():
+            attn = model.blocks[0].attn
+            for W in (attn.W_Q, attn.W_K, attn.W_V):
+                W.mul_(decay)
+            attn.W_O.mul_(decay[:, None])
+            model.W_E.mul_((0.5 * torch.randn(vocab, 1, generator=gen)).exp())
+            model.W_U.mul_((0.5 * torch.randn(1, vocab, generator=gen)).exp())
+    return model
+
+
+def word_tokenizer(vocab: int) -> Tokenizer:
+    words = {END_OF_TEXT: 0} | {f"w{i}": i for i in range(1, vocab)}  # id 0 separates documents
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token=END_OF_TEXT))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tokenizer
+
+
+def write_corpus(folder: Path, vocab: int, words: int, seed: int = 0) -> Path:
+    """``words`` Zipf-distributed words (ids 1 and up), 20 to a line."""
+    gen = np.random.default_rng(seed)
+    ranks = gen.zipf(1.1, size=words * 2)
+    ids = ranks[ranks < vocab][:words]
+    folder.mkdir(parents=True)
+    lines = (" ".join(f"w{i}" for i in ids[at : at + 20]) for at in range(0, len(ids), 20))
+    (folder / "corpus.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def analyze(checkpoint: Path, out: Path, corpus: Path | None, threads: int) -> tuple[float, float]:
+    """``qkov analyze`` in a fresh process: wall seconds (loading and writing included), peak GiB."""
+    command = [sys.executable, "-c", RUN, "analyze", str(checkpoint), "--out", str(out), "--quiet"]
+    command += ["--threads", str(threads)] + (["--corpus", str(corpus)] if corpus else [])
+    started = time.perf_counter()
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    rss = next(line for line in done.stderr.splitlines() if line.startswith("MAXRSS"))
+    return seconds, int(rss.split()[1]) / 2**20
+
+
+def matmul_rate(n: int) -> float:
+    """fp32 GFLOP/s of the screening's product: 128 rows x 64 x n."""
+    a, b, out = torch.randn(128, 64), torch.randn(64, n), torch.empty(128, n)
+    for _ in range(10):  # warm: the first products run far below the rate
+        torch.matmul(a, b, out=out)
+    started = time.perf_counter()
+    for _ in range(50):
+        torch.matmul(a, b, out=out)
+    return 2 * 128 * 64 * n * 50 / (time.perf_counter() - started) / 1e9
+
+
+def one_head(model: qkov.AttnOnlyTransformer) -> str:
+    """L0H0's table by the pruned search and by every source searched, timed in this process."""
+    circuits = skip_trigrams.head_circuits(model, 0, 0)
+    old, t_old, _ = measure(lambda: skip_trigrams._exhaustive(circuits, 50))
+    new, t_new, _ = measure(lambda: skip_trigrams.strongest_skip_trigrams(circuits, 50))
+    same = [(t.source, t.destination, t.out) for t in old] == [(t.source, t.destination, t.out) for t in new]
+    diff = max(
+        (abs(a.strength - b.strength) / abs(a.strength) for a, b in zip(old, new, strict=True)), default=0
+    )
+    return f"one head's table: every source {t_old:.2f} s, pruned {t_new:.2f} s ({t_old / t_new:.1f}x); " + (
+        f"same triples: {same} (strengths within {diff:.0e} relative)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--words", type=int, default=2_000_000)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--kinds", nargs="+", default=["random", "trained-like"])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    print(f"torch {torch.__version__}, {args.threads} threads, load average {load:.1f}; 1 layer x 12 x 64,")
+    print(
+        f"d_model 768, {args.vocab} tokens; fp32 matmul {matmul_rate(args.vocab):.0f} GFLOP/s (128 x 64 x n)"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        corpus = write_corpus(folder / "corpus", args.vocab, args.words)
+        for kind in args.kinds:
+            model = one_layer(kind, args.vocab)
+            qkov.save(model, folder / kind, word_tokenizer(args.vocab))
+            print(kind)
+            for label, text in (("no corpus", None), (f"corpus of {args.words} words", corpus)):
+                seconds, gib = analyze(folder / kind, folder / f"{kind}-out", text, args.threads)
+                print(f"  qkov analyze, {label}: {seconds:6.1f} s, peak {gib:.2f} GiB")
+            print("  " + one_head(model.eval()))
+            print(f"  (matmul rate now {matmul_rate(args.vocab):.0f} GFLOP/s, load {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()
