@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
+from host import machine  # studies/host.py, beside this script
 
 import qkov
 from qkov.analyze import run_steps
 from qkov.circuits.bug_cost import bug_cost
-from qkov.data.corpus import read_corpus
-from qkov.data.tokens import cached_tokens
+from qkov.data.shards import corpus_tokens
 from qkov.interop.fold import circuit_model
 
 CHUNK = 32  # windows per bug_cost call: its float64 logits stay near 0.1 GB at 2048 tokens
@@ -36,7 +34,7 @@ CHUNK = 32  # windows per bug_cost call: its float64 logits stay near 0.1 GB at 
 
 def measured(path: Path, windows: int, seed: int) -> dict:
     model = qkov.load(path).eval()
-    corpus = cached_tokens(read_corpus(None), model.tokenizer)
+    corpus = corpus_tokens(None, model.tokenizer)
     found = run_steps(model, ["skip_trigrams"], corpus, seed)["skip_trigrams"]
     circuit, n_ctx = circuit_model(model), model.cfg.n_ctx
     available = len(corpus.eval) // n_ctx
@@ -73,23 +71,13 @@ def measured(path: Path, windows: int, seed: int) -> dict:
     }
 
 
-def machine() -> str:
-    cpu = Path("/proc/cpuinfo")
-    names = [
-        line.split(":", 1)[1].strip()
-        for line in cpu.read_text().splitlines()
-        if line.startswith("model name")
-    ]
-    return names[0] if names else platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", type=Path)
     parser.add_argument("--windows", type=int, default=None, help="at most this many windows")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(f"machine: {machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    print(f"machine: {machine()}")
     print(f"held-out text: the eval split in consecutive windows of n_ctx tokens; analyze seed {args.seed}\n")
     rows = [measured(path, args.windows, args.seed) for path in args.checkpoints]
     header = (
