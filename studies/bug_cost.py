@@ -71,6 +71,29 @@ def measured(path: Path, windows: int, seed: int) -> dict:
     }
 
 
+def span(values: list[float], form: str) -> str:
+    """``min to max`` in ``form`` (one value when they print the same)."""
+    low, high = form.format(min(values)), form.format(max(values))
+    return low if low == high else f"{low} to {high}"
+
+
+def by_capacity(rows: list[dict]) -> None:
+    """One row per shape and training length: the range over its seeds of the cost, the share of the
+    heads' gain, the bugged terms and the positions they fired at."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["heads x d_head"], r["vocab"], r["tokens (M)"])].append(r)
+    header = "| heads x d_head | vocab | tokens (M) | seeds | bugged terms | positions fired "
+    print(f"\nover seeds (min to max):\n\n{header}| cost (nats/token) | share |\n|" + "---|" * 8)
+    for (shape, vocab, tokens), found in groups.items():
+        print(
+            f"| {shape} | {vocab} | {tokens:.1f} | {', '.join(str(r['seed']) for r in found)} "
+            f"| {span([r['terms'] for r in found], '{}')} | {span([r['fires'] for r in found], '{}')} "
+            f"| {span([r['cost'] for r in found], '{:.1e}')} "
+            f"| {span([100 * r['cost'] / r['heads gain'] for r in found], '{:.1e}%')} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", type=Path)
@@ -97,6 +120,7 @@ def main() -> None:
             f"| {r['held-out tokens']:,} | {r['fires']} | {r['cost']:.2e} | {r['heads gain']:.3f} "
             f"| {100 * share:.1e}% | {worst} ({r['by_head'][worst]:.2e}, {100 * head_share:.1e}%) |"
         )
+    by_capacity(rows)
     print("\ncostliest bugged terms, each removed alone (nats/token):")
     for r in rows:
         s = r["strings"]
