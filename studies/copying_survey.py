@@ -117,7 +117,9 @@ def counts(rows: list[dict]) -> dict[str, int]:
         "diagonal": sum(r["diagonal"] for r in rows),
         "top1": sum(r["top1"] for r in rows),
         "vs diagonal": sum(r["eigenvalues"] != r["diagonal"] for r in rows),
+        "diagonal only": sum(r["diagonal"] and not r["eigenvalues"] for r in rows),
         "vs top1": sum(r["eigenvalues"] != r["top1"] for r in rows),
+        "top1 only": sum(r["top1"] and not r["eigenvalues"] for r in rows),
         "vs both": sum(r["eigenvalues"] != r["diagonal"] and r["eigenvalues"] != r["top1"] for r in rows),
     }
 
@@ -126,7 +128,8 @@ def row_line(kind: str, name: str, c: dict[str, int]) -> str:
     share = lambda k: f"{c[k]} ({100 * c[k] / c['heads']:.0f}%)"  # noqa: E731
     return (
         f"| {kind} | {name} | {c['heads']} | {c['eigenvalues']} | {c['diagonal']} | {c['top1']} "
-        f"| {share('vs diagonal')} | {share('vs top1')} | {share('vs both')} |"
+        f"| {share('vs diagonal')}, {c['diagonal only']} | {share('vs top1')}, {c['top1 only']} "
+        f"| {share('vs both')} |"
     )
 
 
@@ -138,7 +141,10 @@ def spearman(x: list[float], y: list[float]) -> float:
 
 def report(surveyed: list[tuple[str, str, list[dict], float]]) -> None:
     header = "| kind | model | heads | eigenvalues say copying | diagonal z > 1 | self-top-1 > 0.5 "
-    print(header + "| eigenvalues ≠ diagonal | eigenvalues ≠ self-top-1 | ≠ both |\n|" + "---|" * 9)
+    print(
+        header + "| eigenvalues ≠ diagonal, of which direct only | eigenvalues ≠ self-top-1, of which "
+        "direct only | ≠ both |\n|" + "---|" * 9
+    )
     by_kind: dict[str, list[dict]] = defaultdict(list)
     for kind, name, rows, _ in surveyed:
         print(row_line(kind, name, counts(rows)))

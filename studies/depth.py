@@ -172,7 +172,7 @@ def main() -> None:
     p = sub.add_parser("measure", help="term importance of trained models, one JSON line each")
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--windows", type=int, default=64, help="sequences of each kind (a multiple of 16)")
+    p.add_argument("--windows", type=int, default=256, help="sequences of each kind (a multiple of 16)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int)
     p.set_defaults(run=measure)
