@@ -123,37 +123,42 @@ def _range(values: list[float]) -> str:
     return f"{lo:.3f}" if len(values) == 1 or f"{lo:.3f}" == f"{hi:.3f}" else f"{lo:.3f} to {hi:.3f}"
 
 
+def print_table(kind: str, groups: dict[tuple[int, int], list[dict]]) -> None:
+    """One markdown row per depth and training budget: losses, marginal nats by order and the
+    first-order split by layer, each the range over the seeds."""
+    deepest = max(depth for depth, _ in groups)
+    header = ["depth", "tokens (M)", "seeds", "loss, direct path", "loss, model"]
+    header += [f"order {n}" for n in range(1, deepest + 1)] + ["first order by layer (L0; L1; ...)"]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for (depth, tokens), found in sorted(groups.items()):
+        cells = [str(depth), f"{tokens / 1e6:.3g}", ", ".join(str(r["seed"]) for r in found)]
+        cells += [_range([r[kind]["loss_by_order"][i] for r in found]) for i in (0, -1)]
+        marginal = [[r[kind]["marginal"][n] for r in found] for n in range(depth)]
+        cells += [_range(marginal[n]) if n < depth else "" for n in range(deepest)]
+        layers = [[r[kind]["first_order_by_layer"][layer] for r in found] for layer in range(depth)]
+        cells.append("; ".join(_range(values) for values in layers))
+        print("| " + " | ".join(cells) + " |")
+
+
 def table(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for file in args.files for line in Path(file).read_text().splitlines() if line]
-    by_depth: dict[int, list[dict]] = defaultdict(list)
+    groups: dict[tuple[int, int], list[dict]] = defaultdict(list)
     for row in rows:
-        by_depth[row["layers"]].append(row)
-    depths = sorted(by_depth)
-    deepest = max(depths)
-    series = {}
+        groups[(row["layers"], row["tokens_trained"])].append(row)
+    budgets = [r["tokens_trained"] for r in rows]
+    budget = max(set(budgets), key=budgets.count)  # the figure: the recipe most models were trained with
+    series: dict[str, list[tuple[float, float]]] = {}
     for kind in ("text", "repeated"):
         print(f"\n{rows[0][kind]['tokens'].split(' (')[0]}: marginal nats by order (range over seeds)\n")
-        header = ["depth", "seeds", "loss, direct path", "loss, model"]
-        header += [f"order {n}" for n in range(1, deepest + 1)] + ["first order by layer (L0, L1, ...)"]
-        print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
-        for depth in depths:
-            found = by_depth[depth]
-            cells = [str(depth), ", ".join(str(r["seed"]) for r in found)]
-            cells += [_range([r[kind]["loss_by_order"][0] for r in found])]
-            cells += [_range([r[kind]["loss_by_order"][-1] for r in found])]
-            marginal = [[r[kind]["marginal"][n] for r in found] for n in range(depth)]
-            cells += [_range(marginal[n]) if n < depth else "" for n in range(deepest)]
-            layers = [[r[kind]["first_order_by_layer"][layer] for r in found] for layer in range(depth)]
-            cells.append("; ".join(_range(values) for values in layers))
-            print("| " + " | ".join(cells) + " |")
-            for n in range(1, depth):
-                series.setdefault(f"{kind}: order {n + 1}", []).append(
-                    (depth, float(np.mean([r[kind]["marginal"][n] for r in found])))
-                )
+        print_table(kind, groups)
+        for (depth, tokens), found in sorted(groups.items()):
+            for n in range(1, depth if tokens == budget else 0):
+                mean = float(np.mean([r[kind]["marginal"][n] for r in found]))
+                series.setdefault(f"{kind}: order {n + 1}", []).append((depth, mean))
     if args.figure:
-        label = "marginal nats of order 2+ by depth (mean over seeds)"
+        label = f"marginal nats of orders 2+ by depth, {budget / 1e6:.1f}M tokens (mean over seeds)"
         Path(args.figure).write_text(line_chart(series, "layers", "marginal nats", label=label))
-        print(f"\nfigure: {args.figure}")
+        print(f"\nfigure: {args.figure} ({label})")
     print(f"\nmachine: {machine()}")
 
 
