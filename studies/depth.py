@@ -6,7 +6,8 @@ Attention-only models of 1 to 4 layers, one recipe for every depth (``RECIPES``:
 ``--width``, trained ``--steps`` steps on the default corpus, the same tokens for every depth and
 seed), each measured with :func:`qkov.circuits.paths.term_importance` to full depth, on held-out
 text (the eval split, consecutive windows of ``n_ctx``) and on repeated random tokens (period
-``n_ctx // 2``, twice), with the first-order split by layer. Three commands:
+``n_ctx // 2``, twice; the loss of the second repeat, the only predictable half), with the
+first-order split by layer. Three commands:
 
     python studies/depth.py train --layers L --seed S --out DIR [--width cpu|paper|tiny] [--device cuda]
     python studies/depth.py measure DIR [DIR ...] --out FILE.json [--windows 64] [--device cuda]
@@ -34,6 +35,7 @@ import qkov
 from qkov.circuits.paths import term_importance
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.data.shards import corpus_tokens
+from qkov.data.user_tokens import IGNORE
 from qkov.report.svg import line_chart
 from qkov.training_run import TrainingRun, train
 
@@ -77,11 +79,23 @@ def held_out(model: qkov.Transformer, windows: int) -> torch.Tensor:
     return torch.from_numpy(text).view(windows, n_ctx)
 
 
-def chunked(model: qkov.Transformer, tokens: torch.Tensor, described: str) -> dict:
+def second_repeat_targets(tokens: torch.Tensor, period: int) -> torch.Tensor:
+    """The next token as the target at the positions of the second repeat whose next token occurred
+    before (``period`` to ``2 period - 2``), ``IGNORE`` elsewhere: the first repeat is random and the
+    second's first token follows a token seen only once, so nothing can predict them."""
+    targets = torch.full_like(tokens, IGNORE)
+    targets[:, period : 2 * period - 1] = tokens[:, period + 1 : 2 * period]
+    return targets
+
+
+def chunked(
+    model: qkov.Transformer, tokens: torch.Tensor, described: str, targets: torch.Tensor | None = None
+) -> dict:
     """Term importance averaged over equal chunks of sequences (each loss is a mean over the same
     number of positions, so the chunks' mean is the whole batch's)."""
+    cut = lambda x, i: None if x is None else x[i : i + TEXT_CHUNK]  # noqa: E731
     starts = range(0, len(tokens), TEXT_CHUNK)
-    parts = [term_importance(model, tokens[i : i + TEXT_CHUNK], described) for i in starts]
+    parts = [term_importance(model, cut(tokens, i), described, cut(targets, i)) for i in starts]
     mean = lambda rows: [float(np.mean(column)) for column in zip(*rows, strict=True)]  # noqa: E731
     return {
         "loss_by_order": mean([p.loss_by_order for p in parts]),
@@ -111,7 +125,12 @@ def measure(args: argparse.Namespace) -> None:
                 "width": f"{model.cfg.n_heads} x {model.cfg.d_head}, d_model {model.cfg.d_model}",
                 "tokens_trained": train_cfg["steps"] * train_cfg["batch_size"] * model.cfg.n_ctx,
                 "text": chunked(model, text, "held-out text"),
-                "repeated": chunked(model, repeated, f"repeated random tokens (period {period}, twice)"),
+                "repeated": chunked(
+                    model,
+                    repeated,
+                    f"repeated random tokens (period {period}, twice; loss on the second repeat)",
+                    second_repeat_targets(repeated, period),
+                ),
             }
             row["seconds"] = round(time.time() - start, 1)
             out.write(json.dumps(row) + "\n")
