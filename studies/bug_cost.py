@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
+from host import machine  # studies/host.py, beside this script
 
 import qkov
 from qkov.analyze import run_steps
 from qkov.circuits.bug_cost import bug_cost
-from qkov.data.corpus import read_corpus
-from qkov.data.tokens import cached_tokens
+from qkov.data.shards import corpus_tokens
 from qkov.interop.fold import circuit_model
 
 CHUNK = 32  # windows per bug_cost call: its float64 logits stay near 0.1 GB at 2048 tokens
@@ -36,7 +34,7 @@ CHUNK = 32  # windows per bug_cost call: its float64 logits stay near 0.1 GB at 
 
 def measured(path: Path, windows: int, seed: int) -> dict:
     model = qkov.load(path).eval()
-    corpus = cached_tokens(read_corpus(None), model.tokenizer)
+    corpus = corpus_tokens(None, model.tokenizer)
     found = run_steps(model, ["skip_trigrams"], corpus, seed)["skip_trigrams"]
     circuit, n_ctx = circuit_model(model), model.cfg.n_ctx
     available = len(corpus.eval) // n_ctx
@@ -73,14 +71,27 @@ def measured(path: Path, windows: int, seed: int) -> dict:
     }
 
 
-def machine() -> str:
-    cpu = Path("/proc/cpuinfo")
-    names = [
-        line.split(":", 1)[1].strip()
-        for line in cpu.read_text().splitlines()
-        if line.startswith("model name")
-    ]
-    return names[0] if names else platform.machine()
+def span(values: list[float], form: str) -> str:
+    """``min to max`` in ``form`` (one value when they print the same)."""
+    low, high = form.format(min(values)), form.format(max(values))
+    return low if low == high else f"{low} to {high}"
+
+
+def by_capacity(rows: list[dict]) -> None:
+    """One row per shape and training length: the range over its seeds of the cost, the share of the
+    heads' gain, the bugged terms and the positions they fired at."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["heads x d_head"], r["vocab"], r["tokens (M)"])].append(r)
+    header = "| heads x d_head | vocab | tokens (M) | seeds | bugged terms | positions fired "
+    print(f"\nover seeds (min to max):\n\n{header}| cost (nats/token) | share |\n|" + "---|" * 8)
+    for (shape, vocab, tokens), found in groups.items():
+        print(
+            f"| {shape} | {vocab} | {tokens:.1f} | {', '.join(str(r['seed']) for r in found)} "
+            f"| {span([r['terms'] for r in found], '{}')} | {span([r['fires'] for r in found], '{}')} "
+            f"| {span([r['cost'] for r in found], '{:.1e}')} "
+            f"| {span([100 * r['cost'] / r['heads gain'] for r in found], '{:.1e}%')} |"
+        )
 
 
 def main() -> None:
@@ -89,7 +100,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=None, help="at most this many windows")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(f"machine: {machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    print(f"machine: {machine()}")
     print(f"held-out text: the eval split in consecutive windows of n_ctx tokens; analyze seed {args.seed}\n")
     rows = [measured(path, args.windows, args.seed) for path in args.checkpoints]
     header = (
@@ -109,6 +120,7 @@ def main() -> None:
             f"| {r['held-out tokens']:,} | {r['fires']} | {r['cost']:.2e} | {r['heads gain']:.3f} "
             f"| {100 * share:.1e}% | {worst} ({r['by_head'][worst]:.2e}, {100 * head_share:.1e}%) |"
         )
+    by_capacity(rows)
     print("\ncostliest bugged terms, each removed alone (nats/token):")
     for r in rows:
         s = r["strings"]

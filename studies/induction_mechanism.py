@@ -27,12 +27,13 @@ from pathlib import Path
 import torch
 
 import qkov
-from qkov.analyze import REPEAT_BATCH, REPEATS, Context, run_steps
+from qkov.analyze import run_steps
 from qkov.circuits.attribution import variance_shares
 from qkov.circuits.composition import composition_scores
 from qkov.circuits.heads import pattern_offset_attention
 from qkov.circuits.mechanisms import InductionMechanism, induction_mechanism_flop, induction_mechanisms
 from qkov.circuits.repeated import repeated_token_behaviour
+from qkov.context import REPEAT_BATCH, REPEATS, Context
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.interop import import_checkpoint
 from qkov.names import hook_name, parse_head
