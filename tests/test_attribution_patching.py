@@ -75,6 +75,23 @@ def test_the_estimate_ranks_the_exact_ablations_of_a_random_model_alike():
     )
 
 
+def test_frozen_weights_give_the_same_estimates_through_every_path_between_heads():
+    # the explorer freezes its model's weights; the estimate must not lose the gradient that
+    # reaches layer 0's writes through layer 1's heads
+    model = float64_model(n_layers=2, seed=5, n_ctx=16, n_heads=2)
+    tokens = repeated_random_tokens(4, 5, 3, model.cfg.d_vocab, torch.Generator().manual_seed(6))
+
+    def metric(logits):
+        return repeats_loss(logits, tokens, 5)
+
+    clean, trainable = attribution_patching(model, tokens, metric)
+    model.requires_grad_(False)
+    frozen_clean, frozen = attribution_patching(model, tokens, metric)
+    assert frozen_clean == clean
+    torch.testing.assert_close(frozen, trainable, rtol=1e-12, atol=1e-12)
+    assert trainable[:, 0].abs().min() > 1e-6
+
+
 def test_spearman_counts_ranks_only():
     assert spearman((1.0, 2.0, 3.0), (10.0, 20.0, 300.0)) == pytest.approx(1.0)
     assert spearman((1.0, 2.0, 3.0), (3.0, 2.0, 1.0)) == pytest.approx(-1.0)

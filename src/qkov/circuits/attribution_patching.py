@@ -64,6 +64,11 @@ def attribution_patching(
     writes: list[Tensor] = []
 
     def keep(layer: int, out: Tensor) -> Tensor:
+        # With frozen weights (the explorer's, or ``requires_grad_(False)``) nothing before the
+        # first layer's writes needs a gradient: they become the graph's leaves. Later writes
+        # depend on them, so they stay in the graph and every path between heads is kept.
+        if not out.requires_grad:
+            out = out.detach().requires_grad_()
         writes.append(out)
         return out
 
