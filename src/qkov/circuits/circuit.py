@@ -91,6 +91,7 @@ def acdc_name(writer: str, reader: str, kind: str) -> str:
     return f"blocks.{rl}.hook_{kind.lower()}_input[:, :, {rh}]<-blocks.{wl}.attn.hook_result[:, :, {wh}]"
 
 
+@torch.no_grad()
 def value_shares(
     model: AttnOnlyTransformer, tokens: Tensor, reader: str, frozen: Frozen
 ) -> dict[str, float | None]:
