@@ -72,7 +72,7 @@ def test_every_side_sums_to_one(positions, variant):
 
 
 def test_the_weights_are_the_dense_shares():
-    model = float64_model(2, "standard")
+    model = float64_model(2, "standard").requires_grad_(False)
     tokens = repeated(model, 3)
     frozen = freeze(model, tokens)
     edges = {(e.writer, e.kind): e.weight for e in reader_edges(model, tokens, "L1H0", frozen, 0.0)}
