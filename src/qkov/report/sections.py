@@ -649,7 +649,8 @@ def induction_mechanism_section(r: Results) -> str:
 
 def _recent_table(found) -> str:
     rows = [
-        [h.head, h.window, ", ".join(f"{o:.2f}" for o in h.offsets), _share(h.key_position_share), "yes" if h.recent else "no"]
+        [h.head, h.window, ", ".join(f"{o:.2f}" for o in h.offsets), _share(h.key_position_share)]
+        + ["yes" if h.recent else "no"]
         for h in found.heads
     ]
     header = ["head", "window k", "attention at offsets 0, 1, ...", "key position share", "several recent"]
