@@ -10,6 +10,7 @@ default recipe for its depth with the run's overrides. Runs go ``--parallel`` at
     python benchmarks/phase_sweep.py export .sweepdata                     # tokens for 4096 and 2048
     python benchmarks/phase_sweep.py run .sweepdata --out runs --plan phase --device cuda --parallel 12
     python benchmarks/phase_sweep.py table runs                            # onset, width, scores
+    python benchmarks/phase_sweep.py run .sweepdata --out runs1024 --plan ctx1024  # the paper's context
 
 A run's name is ``{plan entry}-s{seed}``; ``table`` judges each 2-layer run by the phase-change rule
 (:mod:`qkov.circuits.phase_change`, with the 1-layer run of its seed as control) and prints the
@@ -44,6 +45,11 @@ SEEDS = (0, 1, 2)
 # A constant-rate run keeps the same trajectory whatever its length, so its warm-up is fixed (the
 # default recipe's 5% of 24,000 steps) and its step count is only where it stops.
 CONSTANT = {"schedule": "constant", "warmup_steps": 1200}
+# The paper's context: Olsson et al.'s in-context-learning score is the loss at token 500 minus the
+# loss at token 50 of 1024 (``qkov.evaluation.icl_positions``). One sequence of 1024 tokens a step
+# keeps the default recipe's 1024 tokens a step; four times the held-out tokens (128 windows) keep
+# the 1-layer control's score out of the noise that 32 windows leave it in.
+CTX1024 = {"n_ctx": 1024, "batch_size": 1, "eval_tokens": 4 * 32768}
 PLANS: dict[str, list[tuple[str, int, dict]]] = {
     "phase": [
         ("cosine", 2, {}),
@@ -58,6 +64,7 @@ PLANS: dict[str, list[tuple[str, int, dict]]] = {
         ("vocab2048-cosine-14k", 2, {"vocab_size": 2048, "steps": 14000}),
         ("vocab2048-1layer", 1, {"vocab_size": 2048}),
     ],
+    "ctx1024": [("ctx1024-2layer", 2, CTX1024), ("ctx1024-1layer", 1, CTX1024)],
     "smoke": [("cosine", 2, {"steps": 60, "eval_every": 30}), ("1layer", 1, {"steps": 30})],
 }
 
@@ -112,8 +119,8 @@ def launch(args: argparse.Namespace) -> None:
 def control_for(run: Path) -> Path | None:
     """The 1-layer run of the same seed (and vocabulary) as a 2-layer run: its phase-change control."""
     name, seed = run.name.rsplit("-s", 1)
-    vocab = "vocab2048-" if name.startswith("vocab2048") else ""
-    control = run.parent / f"{vocab}1layer-s{seed}"
+    plan = next((p for p in ("vocab2048-", "ctx1024-") if name.startswith(p)), "")
+    control = run.parent / f"{plan}1layer-s{seed}"
     return control if (control / METRICS_FILE).is_file() else None
 
 
