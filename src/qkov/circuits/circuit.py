@@ -35,9 +35,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from qkov.circuits.attribution import ScoreParts, score_parts, stream_parts, variance_share
+from qkov.circuits.attribution import ScoreParts, centred_scores, score_parts, stream_parts
 from qkov.circuits.copying import Copying
-from qkov.circuits.correction import Correction, parts_of, scores_from
+from qkov.circuits.correction import Correction
 from qkov.circuits.mechanisms import induction_mechanism_flop
 from qkov.circuits.paths import BIAS, Frozen, freeze
 from qkov.circuits.repeated import RepeatedTokens
@@ -50,6 +50,7 @@ EDGE_THRESHOLD = 0.1
 # The induction threshold's value: on repeated random tokens both read attention to one offset.
 DUPLICATE_TOKEN_HEAD = 0.3
 KINDS = ("Q", "K", "V")
+SHARE_PARTS = 64  # parts whose score terms are computed at once (per-part calls cost more than the work)
 
 
 @dataclass(frozen=True)
@@ -112,14 +113,29 @@ def value_shares(
 
 
 def score_shares(parts: ScoreParts, side: str) -> dict[str, float | None]:
-    """Each part's share of the variation of the reader's scores on the query or the key side."""
-    everything = list(range(len(parts.names)))
-    total = scores_from(parts, everything, everything)
-    shares = {}
-    for i, name in enumerate(parts.names):
-        term = scores_from(parts, [i], everything) if side == "Q" else scores_from(parts, everything, [i])
-        shares[name] = finite(variance_share(term, total))
-    return shares
+    """Each part's share of the variation of the reader's scores on the query or the key side: the
+    terms of :data:`SHARE_PARTS` parts against the whole other side at once."""
+    every_query, every_key = parts.queries.sum(0), parts.keys.sum(0)
+    centred_total = centred_scores(every_query @ every_key.mT)
+    norm = float(centred_total.square().sum())
+    shares: list[float | None] = []
+    for at in range(0, len(parts.names), SHARE_PARTS):
+        if side == "Q":
+            terms = parts.queries[at : at + SHARE_PARTS] @ every_key.mT
+        else:
+            terms = every_query @ parts.keys[at : at + SHARE_PARTS].mT
+        overlap = (centred_scores(terms) * centred_total).sum((1, 2, 3))
+        shares += [finite(float(value) / norm) for value in overlap]
+    return dict(zip(parts.names, shares, strict=True))
+
+
+def _parts_by_writer(names: list[str]) -> dict[str, list[str]]:
+    """``names`` grouped by the head they start at (``L0H3`` and ``L0H3.<origin>``: what
+    :func:`~qkov.circuits.correction.parts_of` finds for one writer, for every writer at once)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.split(".")[0], []).append(name)
+    return groups
 
 
 def reader_edges(
@@ -133,9 +149,9 @@ def reader_edges(
     edges = []
     for kind in KINDS:
         shares = by_kind[kind]
-        names = list(shares)
+        groups = _parts_by_writer(list(shares))
         for writer in (head_name(w, h) for w in range(layer) for h in range(model.cfg.n_heads)):
-            split = {names[i]: shares[names[i]] or 0.0 for i in parts_of(writer, names)}
+            split = {name: shares[name] or 0.0 for name in groups.get(writer, [])}
             weight = sum(split.values())
             if abs(weight) >= threshold:
                 edges.append(
