@@ -93,15 +93,21 @@ def acdc_name(writer: str, reader: str, kind: str) -> str:
 
 
 def value_shares(
-    model: AttnOnlyTransformer, tokens: Tensor, reader: str, frozen: Frozen
+    model: AttnOnlyTransformer,
+    tokens: Tensor,
+    reader: str,
+    frozen: Frozen,
+    streams: dict[str, Tensor] | None = None,
 ) -> dict[str, float | None]:
-    """Each part's share ``<write_j, write> / |write|^2`` of ``reader``'s write (module docstring)."""
+    """Each part's share ``<write_j, write> / |write|^2`` of ``reader``'s write (module docstring;
+    ``streams``: :func:`stream_parts` of its layer, computed when not given)."""
     layer, index = parse_head(reader, model.cfg)
     attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
     scale = frozen.scales.get(norm_name(layer, "ln1"))
     pattern = frozen.patterns[layer][:, index]
     writes = {}
-    for name, stream in stream_parts(model, tokens, layer, frozen).items():
+    streams = stream_parts(model, tokens, layer, frozen) if streams is None else streams
+    for name, stream in streams.items():
         x = stream if ln is None else (ln(stream, scale) if name == BIAS else ln.linear(stream, scale))
         v = x @ attn.W_V[index]
         if name == BIAS and attn.b_V is not None:
@@ -139,12 +145,18 @@ def _parts_by_writer(names: list[str]) -> dict[str, list[str]]:
 
 
 def reader_edges(
-    model: AttnOnlyTransformer, tokens: Tensor, reader: str, frozen: Frozen, threshold: float
+    model: AttnOnlyTransformer,
+    tokens: Tensor,
+    reader: str,
+    frozen: Frozen,
+    threshold: float,
+    streams: dict[str, Tensor] | None = None,
 ) -> list[CircuitEdge]:
-    """The kept edges into ``reader`` from every head of an earlier layer."""
-    parts = score_parts(model, tokens, reader, frozen)
+    """The kept edges into ``reader`` from every head of an earlier layer (``streams``:
+    :func:`stream_parts` of its layer, computed when not given)."""
+    parts = score_parts(model, tokens, reader, frozen, streams)
     by_kind = {"Q": score_shares(parts, "Q"), "K": score_shares(parts, "K")}
-    by_kind["V"] = value_shares(model, tokens, reader, frozen)
+    by_kind["V"] = value_shares(model, tokens, reader, frozen, streams)
     layer, _ = parse_head(reader)
     edges = []
     for kind in KINDS:
@@ -202,10 +214,9 @@ def circuit_graph(
         for layer in range(cfg.n_layers)
         for h in range(cfg.n_heads)
     ]
-    edges = [
-        edge
-        for layer in range(1, cfg.n_layers)
-        for h in range(cfg.n_heads)
-        for edge in reader_edges(model, tokens, head_name(layer, h), frozen, threshold)
-    ]
+    edges = []
+    for layer in range(1, cfg.n_layers):
+        streams = stream_parts(model, tokens, layer, frozen)  # one per layer serves all its readers
+        for h in range(cfg.n_heads):
+            edges += reader_edges(model, tokens, head_name(layer, h), frozen, threshold, streams)
     return Circuit(nodes, edges, threshold, described)
