@@ -136,7 +136,8 @@ def main() -> None:
             print(kind)
             for label, text in (("no corpus", None), (f"corpus of {args.words} words", corpus)):
                 seconds, gib = analyze(folder / kind, folder / f"{kind}-out", text, args.threads)
-                print(f"  qkov analyze, {label}: {seconds:6.1f} s, peak {gib:.2f} GiB")
+                load = os.getloadavg()[0]
+                print(f"  qkov analyze, {label}: {seconds:6.1f} s, peak {gib:.2f} GiB (load {load:.1f})")
             print("  " + one_head(model.eval()))
             print(f"  (matmul rate now {matmul_rate(args.vocab):.0f} GFLOP/s, load {os.getloadavg()[0]:.1f})")
 

@@ -187,7 +187,9 @@ def main() -> None:
         for name, src in runs:
             out = folder / f"out-{name}"
             walls[name], peak = end_to_end(folder / "qkov", out, args.threads, src)
-            print(f"qkov analyze end to end, {name}: {walls[name]:.1f} s wall, {peak:.2f} GB peak RSS")
+            load = os.getloadavg()[0]
+            figures = f"{walls[name]:.1f} s wall, {peak:.2f} GB peak RSS (load {load:.1f})"
+            print(f"qkov analyze end to end, {name}: {figures}")
             print(f"  {used(out)}")
         if args.old:
             print(f"  new / old wall time: {walls['new'] / walls['old']:.2f}x")

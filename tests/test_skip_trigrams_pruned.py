@@ -23,7 +23,7 @@ def test_row_max_bounds_hold_and_the_screened_ones_are_within_their_error(produc
     A, B = product
     dense = (A.double() @ B.double()).amax(1)
     leaf_bound = topk.row_max_bounds(A, B)
-    screened = topk.screened_row_max_bounds(A, B, block_rows=7)
+    screened = topk.screened_row_max_bounds(A, B, block_rows=7, block_cols=5)
     assert (leaf_bound >= dense).all() and (screened >= dense).all()
     _, gamma = topk._screening(A)
     error = gamma * A.double().norm(dim=1) * B.double().norm(dim=0).max()

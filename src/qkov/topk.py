@@ -57,6 +57,7 @@ from torch import Tensor
 
 LEAD = 8  # leading singular coordinates boxed per leaf; the rest bounded by Cauchy-Schwarz
 LEAF = 128  # rows or columns per leaf: 128 x 50257 float32 entries (25 MiB) per screening block
+SCREEN_TILE = 1024  # rows and columns of a row-maximum screening tile: 4 MiB of float32, in cache
 ROOT_CUTOFF = 1e-10  # Gram eigenvalues below this fraction of the largest: a direction dropped
 BOUND_ROWS = 4096  # rows whose bounds are computed at once (4096 x 393 leaves: 13 MiB)
 DECIDE_CHUNK = 16384  # candidates decided at once: 2 x 8 MiB of gathered float64 rows at r = 64
@@ -499,25 +500,26 @@ def row_max_bounds(A: Float[Tensor, "m r"], B: Float[Tensor, "r n"]) -> Float[Te
 
 @torch.no_grad()
 def screened_row_max_bounds(
-    A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], block_rows: int = LEAF
+    A: Float[Tensor, "m r"],
+    B: Float[Tensor, "r n"],
+    block_rows: int = SCREEN_TILE,
+    block_cols: int = SCREEN_TILE,
 ) -> Float[Tensor, "m"]:
     """An upper bound on each row's largest entry of ``A @ B`` (float64): the row maximum screened
-    in float32 (one streamed pass, ``block_rows`` rows at a time into one reused buffer) plus twice
-    its error bound ``gamma_{r+3} ||a_i|| max_j ||b_j||`` (see the module docstring; twice, so that
-    the float64 sum rounding down cannot cross the true maximum)."""
+    in float32 (one streamed pass, a ``block_rows x block_cols`` tile at a time into one reused
+    buffer that stays in cache while its maxima are read) plus twice its error bound
+    ``gamma_{r+3} ||a_i|| max_j ||b_j||`` (see the module docstring; twice, so that the float64
+    sum rounding down cannot cross the true maximum)."""
     screen, gamma = _screening(A)
     a, b = A.detach(), B.detach()
-    a_screen, b_screen = a.to(screen), b.to(screen)
+    a_screen = a.to(screen)
+    columns = [b[:, at : at + block_cols].to(screen).contiguous() for at in range(0, b.shape[1], block_cols)]
     error = 2 * gamma * a.to(DECIDE).norm(dim=1) * b.to(DECIDE).norm(dim=0).max()
-    buffer = torch.empty(min(block_rows, len(a)), b.shape[1], dtype=screen, device=a.device)
-    best = torch.cat(
-        [
-            torch.matmul(
-                a_screen[at : at + block_rows], b_screen, out=buffer[: len(a_screen[at : at + block_rows])]
-            )
-            .amax(1)
-            .to(DECIDE)
-            for at in range(0, len(a), block_rows)
-        ]
-    )
-    return best + error
+    buffer = torch.empty(min(block_rows, len(a)) * min(block_cols, b.shape[1]), dtype=screen, device=a.device)
+    best = torch.full((len(a),), -math.inf, dtype=screen, device=a.device)
+    for at in range(0, len(a), block_rows):
+        rows, held = a_screen[at : at + block_rows], best[at : at + block_rows]
+        for part in columns:
+            tile = torch.matmul(rows, part, out=buffer[: len(rows) * part.shape[1]].view(len(rows), -1))
+            torch.maximum(held, tile.amax(1), out=held)
+    return best.to(DECIDE) + error

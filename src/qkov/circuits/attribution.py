@@ -100,10 +100,15 @@ class ScoreParts:
 
 
 def score_parts(
-    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], head: str, frozen: Frozen | None = None
+    model: AttnOnlyTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    head: str,
+    frozen: Frozen | None = None,
+    streams: dict[str, Tensor] | None = None,
 ) -> ScoreParts:
     """The queries and keys of ``head`` on ``tokens``, part by part (``frozen``: the model's run on
-    ``tokens``, recorded when not given)."""
+    ``tokens``, recorded when not given; ``streams``: :func:`stream_parts` of the head's layer
+    with that ``frozen``, computed when not given: one per layer serves all its heads)."""
     tokens = model.check_tokens(tokens)
     layer, index = parse_head(head, model.cfg)
     with torch.no_grad():
@@ -112,7 +117,8 @@ def score_parts(
         scale = frozen.scales.get(norm_name(layer, "ln1"))
         W_Q, W_K = attn.W_Q[index] * model.cfg.d_head**-0.5, attn.W_K[index]
         names, queries, keys = [], [], []
-        for name, stream in stream_parts(model, tokens, layer, frozen).items():
+        streams = stream_parts(model, tokens, layer, frozen) if streams is None else streams
+        for name, stream in streams.items():
             x = stream if ln is None else (ln(stream, scale) if name == BIAS else ln.linear(stream, scale))
             q, k = x @ W_Q, x @ W_K
             if name == BIAS and attn.b_Q is not None:

@@ -64,6 +64,7 @@ from qkov.numbers import finite
 
 TOP_BUGS = 20  # the costliest bugged terms kept in the result
 CROSSED_PER_HEAD = 20  # at most: skip_trigram_bugs keeps 10 bugs of two crossed triples each
+LOSS_ROWS = 256  # predicted positions whose float64 losses are computed at once
 
 
 class _Removal(NamedTuple):
@@ -114,10 +115,12 @@ def _removal(
 
 
 class _Losses(NamedTuple):
-    """The model's logits at every predicted position ``[rows, d_vocab]``, their targets and each
-    row's loss, in float64."""
+    """The model's logits ``[batch * pos, d_vocab]`` (in the model's dtype, not copied: each row
+    read is widened to float64, which is exact), the row of each predicted position, its target
+    and its loss, in float64."""
 
     logits: Tensor
+    index: Tensor
     targets: Tensor
     base: Tensor
 
@@ -128,15 +131,27 @@ class _Losses(NamedTuple):
             return 0.0
         row, out, amount = (torch.cat(field) for field in zip(*removals, strict=True))
         rows, where = torch.unique(row, return_inverse=True)
-        changed = self.logits[rows].index_put((where, out), -amount, accumulate=True)
-        loss = changed.logsumexp(-1) - changed.gather(1, self.targets[rows, None]).squeeze(1)
-        return float((self.base[rows] - loss).sum()) / len(self.targets)
+        changed = self.logits[self.index[rows]].to(torch.float64)
+        changed = changed.index_put((where, out), -amount, accumulate=True)
+        return float((self.base[rows] - _row_loss(changed, self.targets[rows])).sum()) / len(self.targets)
+
+
+def _row_loss(logits: Float[Tensor, "rows d_vocab"], targets: Int[Tensor, " rows"]) -> Float[Tensor, " rows"]:
+    return logits.logsumexp(-1) - logits.gather(1, targets[:, None]).squeeze(1)
 
 
 def _losses(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> _Losses:
-    flat = logits[:, :-1].flatten(0, 1).to(torch.float64)
-    targets = tokens[:, 1:].flatten()
-    return _Losses(flat, targets, flat.logsumexp(-1) - flat.gather(1, targets[:, None]).squeeze(1))
+    """Each predicted position's float64 loss, ``LOSS_ROWS`` rows at a time: bounded memory where a
+    float64 copy of every row would double a large vocabulary's logits."""
+    batch, pos = tokens.shape
+    starts = torch.arange(batch, device=tokens.device)[:, None] * pos
+    index = (starts + torch.arange(pos - 1, device=tokens.device)).flatten()
+    flat, targets = logits.flatten(0, 1), tokens[:, 1:].flatten()
+    base = [
+        _row_loss(flat[index[at : at + LOSS_ROWS]].to(torch.float64), targets[at : at + LOSS_ROWS])
+        for at in range(0, len(index), LOSS_ROWS)
+    ]
+    return _Losses(flat, index, targets, torch.cat(base))
 
 
 def bug_cost_flop(cfg: Config, length: int) -> float:
@@ -162,24 +177,7 @@ def bug_cost(
     tokens = model.check_tokens(tokens)
     if tokens.shape[1] < 2:
         raise QkovError("the bug cost needs sequences of at least 2 tokens (it measures next-token loss)")
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens)
-        pattern, losses = cache[hook_name(0, "pattern")], _losses(logits, tokens)
-        ov = full_ov_circuit(model)[0]
-        terms, removals = [], {}
-        for name, triples in bugged_triples(bugs).items():
-            head = parse_head(name, cfg)[1]
-            removals[name] = []
-            for source, destination, out, strength in triples:
-                entry = centred_ov(ov[head], source, out)
-                removal = _removal(pattern[:, head], tokens, (source, destination, out), entry)
-                removals[name].append(removal)
-                saving = losses.saving([removal])
-                terms.append(
-                    BugTerm(name, source, destination, out, strength, entry, len(removal.row), saving)
-                )
-        by_head = {name: losses.saving(found) for name, found in removals.items()}
-        total = losses.saving([r for found in removals.values() for r in found])
+    terms, by_head, total = _bugged_terms(model, bugs, tokens)  # its run freed before the gains'
     gains = term_importance(model, tokens, described)
     head_gain = {head_name(0, h): gain for h, gain in enumerate(gains.first_order_by_head[0])}
     return BugCost(
@@ -193,6 +191,29 @@ def bug_cost(
         top=sorted(terms, key=lambda t: -t.nats_per_token)[:top],
         tokens=described,
     )
+
+
+@torch.no_grad()
+def _bugged_terms(
+    model: AttnOnlyTransformer, bugs: dict[str, list[SkipTrigramBug]], tokens: Int[Tensor, "batch pos"]
+) -> tuple[list[BugTerm], dict[str, float], float]:
+    """Every bugged term with what removing it alone saves, each head's saving and the total."""
+    cfg = model.cfg
+    logits, cache = model.run_with_cache(tokens)
+    pattern, losses = cache[hook_name(0, "pattern")], _losses(logits, tokens)
+    ov = full_ov_circuit(model)[0]
+    terms, removals = [], {}
+    for name, triples in bugged_triples(bugs).items():
+        head = parse_head(name, cfg)[1]
+        removals[name] = []
+        for source, destination, out, strength in triples:
+            entry = centred_ov(ov[head], source, out)
+            removal = _removal(pattern[:, head], tokens, (source, destination, out), entry)
+            removals[name].append(removal)
+            saving = losses.saving([removal])
+            terms.append(BugTerm(name, source, destination, out, strength, entry, len(removal.row), saving))
+    by_head = {name: losses.saving(found) for name, found in removals.items()}
+    return terms, by_head, losses.saving([r for found in removals.values() for r in found])
 
 
 def _share(cost: float, gain: float) -> float | None:

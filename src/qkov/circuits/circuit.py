@@ -35,9 +35,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from qkov.circuits.attribution import ScoreParts, score_parts, stream_parts, variance_share
+from qkov.circuits.attribution import ScoreParts, centred_scores, score_parts, stream_parts
 from qkov.circuits.copying import Copying
-from qkov.circuits.correction import Correction, parts_of, scores_from
+from qkov.circuits.correction import Correction
 from qkov.circuits.mechanisms import induction_mechanism_flop
 from qkov.circuits.paths import BIAS, Frozen, freeze
 from qkov.circuits.repeated import RepeatedTokens
@@ -50,6 +50,7 @@ EDGE_THRESHOLD = 0.1
 # The induction threshold's value: on repeated random tokens both read attention to one offset.
 DUPLICATE_TOKEN_HEAD = 0.3
 KINDS = ("Q", "K", "V")
+SHARE_PARTS = 64  # parts whose score terms are computed at once (per-part calls cost more than the work)
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,21 @@ def acdc_name(writer: str, reader: str, kind: str) -> str:
 
 @torch.no_grad()
 def value_shares(
-    model: AttnOnlyTransformer, tokens: Tensor, reader: str, frozen: Frozen
+    model: AttnOnlyTransformer,
+    tokens: Tensor,
+    reader: str,
+    frozen: Frozen,
+    streams: dict[str, Tensor] | None = None,
 ) -> dict[str, float | None]:
-    """Each part's share ``<write_j, write> / |write|^2`` of ``reader``'s write (module docstring)."""
+    """Each part's share ``<write_j, write> / |write|^2`` of ``reader``'s write (module docstring;
+    ``streams``: :func:`stream_parts` of its layer, computed when not given)."""
     layer, index = parse_head(reader, model.cfg)
     attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
     scale = frozen.scales.get(norm_name(layer, "ln1"))
     pattern = frozen.patterns[layer][:, index]
     writes = {}
-    for name, stream in stream_parts(model, tokens, layer, frozen).items():
+    streams = stream_parts(model, tokens, layer, frozen) if streams is None else streams
+    for name, stream in streams.items():
         x = stream if ln is None else (ln(stream, scale) if name == BIAS else ln.linear(stream, scale))
         v = x @ attn.W_V[index]
         if name == BIAS and attn.b_V is not None:
@@ -113,30 +120,51 @@ def value_shares(
 
 
 def score_shares(parts: ScoreParts, side: str) -> dict[str, float | None]:
-    """Each part's share of the variation of the reader's scores on the query or the key side."""
-    everything = list(range(len(parts.names)))
-    total = scores_from(parts, everything, everything)
-    shares = {}
-    for i, name in enumerate(parts.names):
-        term = scores_from(parts, [i], everything) if side == "Q" else scores_from(parts, everything, [i])
-        shares[name] = finite(variance_share(term, total))
-    return shares
+    """Each part's share of the variation of the reader's scores on the query or the key side: the
+    terms of :data:`SHARE_PARTS` parts against the whole other side at once."""
+    every_query, every_key = parts.queries.sum(0), parts.keys.sum(0)
+    centred_total = centred_scores(every_query @ every_key.mT)
+    norm = float(centred_total.square().sum())
+    shares: list[float | None] = []
+    for at in range(0, len(parts.names), SHARE_PARTS):
+        if side == "Q":
+            terms = parts.queries[at : at + SHARE_PARTS] @ every_key.mT
+        else:
+            terms = every_query @ parts.keys[at : at + SHARE_PARTS].mT
+        overlap = (centred_scores(terms) * centred_total).sum((1, 2, 3))
+        shares += [finite(float(value) / norm) for value in overlap]
+    return dict(zip(parts.names, shares, strict=True))
+
+
+def _parts_by_writer(names: list[str]) -> dict[str, list[str]]:
+    """``names`` grouped by the head they start at (``L0H3`` and ``L0H3.<origin>``: what
+    :func:`~qkov.circuits.correction.parts_of` finds for one writer, for every writer at once)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.split(".")[0], []).append(name)
+    return groups
 
 
 def reader_edges(
-    model: AttnOnlyTransformer, tokens: Tensor, reader: str, frozen: Frozen, threshold: float
+    model: AttnOnlyTransformer,
+    tokens: Tensor,
+    reader: str,
+    frozen: Frozen,
+    threshold: float,
+    streams: dict[str, Tensor] | None = None,
 ) -> list[CircuitEdge]:
-    """The kept edges into ``reader`` from every head of an earlier layer."""
-    parts = score_parts(model, tokens, reader, frozen)
+    """The kept edges into ``reader`` from every head of an earlier layer (``streams``:
+    :func:`stream_parts` of its layer, computed when not given)."""
+    parts = score_parts(model, tokens, reader, frozen, streams)
     by_kind = {"Q": score_shares(parts, "Q"), "K": score_shares(parts, "K")}
-    by_kind["V"] = value_shares(model, tokens, reader, frozen)
+    by_kind["V"] = value_shares(model, tokens, reader, frozen, streams)
     layer, _ = parse_head(reader)
     edges = []
     for kind in KINDS:
         shares = by_kind[kind]
-        names = list(shares)
+        groups = _parts_by_writer(list(shares))
         for writer in (head_name(w, h) for w in range(layer) for h in range(model.cfg.n_heads)):
-            split = {names[i]: shares[names[i]] or 0.0 for i in parts_of(writer, names)}
+            split = {name: shares[name] or 0.0 for name in groups.get(writer, [])}
             weight = sum(split.values())
             if abs(weight) >= threshold:
                 edges.append(
@@ -187,10 +215,9 @@ def circuit_graph(
         for layer in range(cfg.n_layers)
         for h in range(cfg.n_heads)
     ]
-    edges = [
-        edge
-        for layer in range(1, cfg.n_layers)
-        for h in range(cfg.n_heads)
-        for edge in reader_edges(model, tokens, head_name(layer, h), frozen, threshold)
-    ]
+    edges = []
+    for layer in range(1, cfg.n_layers):
+        streams = stream_parts(model, tokens, layer, frozen)  # one per layer serves all its readers
+        for h in range(cfg.n_heads):
+            edges += reader_edges(model, tokens, head_name(layer, h), frozen, threshold, streams)
     return Circuit(nodes, edges, threshold, described)

@@ -57,6 +57,7 @@ from qkov.circuits.attribution import (
     ScoreParts,
     induction_target_shares,
     score_parts,
+    stream_parts,
     variance_share,
 )
 from qkov.circuits.budget import forward_flop
@@ -274,9 +275,10 @@ def correction(
     cfg = model.cfg
     heads, writers = [], []
     for layer in range(cfg.n_layers):
+        streams = stream_parts(model, tokens, layer, frozen)  # one per layer serves all its heads
         for index in range(cfg.n_heads):
             name = head_name(layer, index)
-            parts = score_parts(model, tokens, name, frozen)
+            parts = score_parts(model, tokens, name, frozen, streams)
             heads.append(recent_head(parts, frozen.patterns[layer][:, index], start))
             if name in induction:
                 earlier = [head_name(w, h) for w in range(layer) for h in range(cfg.n_heads)]
