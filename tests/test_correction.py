@@ -106,7 +106,7 @@ def test_writer_shares_are_the_dense_margin_split(biases):
 def test_the_minimal_circuit_is_the_dense_naive_hypothesis():
     model = with_recent_head(induction_model()).double().requires_grad_(False)
     tokens = repeated(model)
-    found = minimal_circuit(model, tokens, PERIOD, ["L1H0"], ["L0H0", "L0H1"][:1])
+    found = minimal_circuit(model, tokens, PERIOD, ["L1H0"], ["L0H0"])
     _, cache = model.run_with_cache(tokens)
     a1 = model.blocks[1].attn
     embed = model.W_E[tokens]
