@@ -5,18 +5,12 @@ address, and logs no error. Screenshots are kept in test-artifacts/."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
-
 import pytest
 from fastapi.testclient import TestClient
 
 import qkov
 from qkov.serve import build_app
-from test_serve_browser import ARTIFACTS, free_port, texts, wait_for
+from test_serve_browser import ARTIFACTS, serving, texts, wait_for
 
 from handbuilt import neuron_model
 from pages import headless_chromium
@@ -78,24 +72,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def neuron_server(tmp_path_factory):
-    folder = neuron_checkpoint(tmp_path_factory.mktemp("browser") / "neuron")
-    port = free_port()
-    command = [sys.executable, "-m", "qkov.cli", "serve", str(folder), "--port", str(port), "--threads", "1"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "api/model", timeout=2).read()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"qkov serve did not start: {process.communicate()}")
-            time.sleep(0.2)
-    yield url
-    process.send_signal(signal.SIGINT)
-    process.communicate(timeout=60)
+    yield from serving(neuron_checkpoint(tmp_path_factory.mktemp("browser") / "neuron"))
 
 
 @pytest.mark.slow
