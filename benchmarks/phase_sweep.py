@@ -64,7 +64,12 @@ PLANS: dict[str, list[tuple[str, int, dict]]] = {
         ("vocab2048-cosine-14k", 2, {"vocab_size": 2048, "steps": 14000}),
         ("vocab2048-1layer", 1, {"vocab_size": 2048}),
     ],
-    "ctx1024": [("ctx1024-2layer", 2, CTX1024), ("ctx1024-1layer", 1, CTX1024)],
+    # The control trained as long as the 2-layer model, on the same schedule (the 1-layer recipe's
+    # 1500 steps would cover only its first decade of tokens).
+    "ctx1024": [
+        ("ctx1024-2layer", 2, CTX1024),
+        ("ctx1024-1layer", 1, CTX1024 | CONSTANT | {"steps": 14000, "eval_every": 2000}),
+    ],
     "smoke": [("cosine", 2, {"steps": 60, "eval_every": 30}), ("1layer", 1, {"steps": 30})],
 }
 

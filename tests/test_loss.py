@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import qkov
 from qkov import loss as loss_module
-from qkov.loss import unembed_cross_entropy
+from qkov.loss import token_losses, unembed_cross_entropy
 
 from conftest import random_model
 
@@ -50,3 +50,16 @@ def test_no_gradient_work_without_autograd():
     with torch.no_grad():
         value = unembed_cross_entropy(resid, W_U, None, torch.zeros(5, dtype=torch.long))
     assert value.grad_fn is None and value > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_token_losses_are_the_cross_entropy_at_every_position(dtype):
+    """``logsumexp - target logit`` over the last axis, against ``F.cross_entropy`` in float64 (a
+    bfloat16 input upcast first), with logits far from zero so that the shift matters."""
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 5, 11, generator=generator, dtype=torch.float64) * 4 + 50).to(dtype)
+    targets = torch.randint(0, 11, (3, 5), generator=generator)
+    got = token_losses(logits, targets)
+    want = F.cross_entropy(logits.double().transpose(1, 2), targets, reduction="none")
+    assert got.dtype == torch.promote_types(dtype, torch.float32)
+    assert torch.allclose(got.double(), want, rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-5)

@@ -231,11 +231,16 @@ def test_gpt2_style_term_importance_equals_the_loss_of_path_sums(d_mlp, n_layers
         assert result.loss_by_order[order] == pytest.approx(ce(kept, tokens), rel=1e-10)
 
 
+@pytest.mark.parametrize("reach", [paths.REACH, -1.0])
 @pytest.mark.parametrize("normalization", ["LN", "LNPre", "none"])
-def test_first_order_terms_through_rank_d_head_products_are_the_unembedded_writes(normalization):
+def test_first_order_terms_through_rank_d_head_products_are_the_unembedded_writes(
+    normalization, reach, monkeypatch
+):
     """Each head's (and layer's) first-order loss, read through ``LN_lin(W_O^h) @ W_U`` with the
     final scale frozen, equals the definition: the direct path's stream plus the head's write,
-    unembedded whole (LayerNorm's ``b``, MLPs and biases included), in float64."""
+    unembedded whole (LayerNorm's ``b``, MLPs and biases included), in float64; summed in exp
+    space (every head here is within ``REACH``) and by ``logsumexp`` (``REACH`` below zero)."""
+    monkeypatch.setattr(paths, "REACH", reach)
     cfg = small_config(3, "standard", normalization=normalization, d_mlp=8)
     model = random_model(cfg, biases=True, seed=4).double()
     tokens = tokens_for(model, batch=4)

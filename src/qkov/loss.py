@@ -94,4 +94,6 @@ def token_losses(
     ones kept): for next-token losses pass ``logits[:, :-1]`` and ``tokens[:, 1:]``, so ``[b, i]`` is
     the loss of predicting token ``i + 1`` having seen tokens ``0 ... i``."""
     wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return torch.nn.functional.cross_entropy(wide.transpose(1, 2), targets, reduction="none")
+    # logsumexp minus the target's logit, reduced over the contiguous last axis: ``F.cross_entropy``
+    # wants the classes second, and on that transposed view ran 10x slower at a 50k vocabulary.
+    return wide.logsumexp(-1) - wide.gather(-1, targets[..., None])[..., 0]

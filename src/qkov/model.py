@@ -140,6 +140,15 @@ class Attention(nn.Module):
         )
         return z, pattern
 
+    def layer_write(
+        self, x: Float[Tensor, "batch pos d_model"], pattern: Float[Tensor, "batch n_heads dest src"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """:meth:`head_writes` with ``pattern`` frozen, summed over the heads (``b_O`` excluded), in one
+        product with the heads' ``W_O`` stacked instead of a write per head."""
+        z, _ = self.head_values(x, None, pattern)
+        out = rearrange(self.W_O, "n_heads d_head d_model -> (n_heads d_head) d_model")
+        return rearrange(z, "batch n_heads pos d_head -> batch pos (n_heads d_head)") @ out
+
     def head_writes(
         self,
         x: Float[Tensor, "batch pos d_model"],

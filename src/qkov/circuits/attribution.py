@@ -47,7 +47,7 @@ from torch import Tensor
 
 from qkov.circuits.paths import BIAS, Frozen, _has_constants, _head_writes, _through_head, freeze, mlp_name
 from qkov.errors import QkovError
-from qkov.model import AttnOnlyTransformer
+from qkov.model import AttnOnlyTransformer, LayerNorm
 from qkov.names import head_name, norm_name, parse_head
 
 EMBED, POS_EMBED = "embed", "pos_embed"
@@ -99,6 +99,20 @@ class ScoreParts:
     keys: Float[Tensor, "part batch src d_head"]
 
 
+def read_parts(
+    ln: LayerNorm | None, scale: Tensor | None, streams: dict[str, Float[Tensor, "batch pos d_model"]]
+) -> tuple[list[str], Float[Tensor, "part batch pos d_model"]]:
+    """What a head reads of each part of :func:`stream_parts`: its LayerNorm's linear part with the
+    scale frozen (``b`` joins the bias part), every part in one operation; the names in order."""
+    names = list(streams)
+    x = torch.stack([streams[name] for name in names])
+    if ln is not None:
+        x = ln.linear(x, scale)
+        if BIAS in streams and ln.b is not None:
+            x[names.index(BIAS)] += ln.b
+    return names, x
+
+
 def score_parts(
     model: AttnOnlyTransformer,
     tokens: Int[Tensor, "batch pos"],
@@ -116,22 +130,19 @@ def score_parts(
         attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
         scale = frozen.scales.get(norm_name(layer, "ln1"))
         W_Q, W_K = attn.W_Q[index] * model.cfg.d_head**-0.5, attn.W_K[index]
-        names, queries, keys = [], [], []
         streams = stream_parts(model, tokens, layer, frozen) if streams is None else streams
-        for name, stream in streams.items():
-            x = stream if ln is None else (ln(stream, scale) if name == BIAS else ln.linear(stream, scale))
-            q, k = x @ W_Q, x @ W_K
-            if name == BIAS and attn.b_Q is not None:
-                q, k = q + attn.b_Q[index] * model.cfg.d_head**-0.5, k + attn.b_K[index]
-            names.append(name)
-            queries.append(q)
-            keys.append(k)
+        names, x = read_parts(ln, scale, streams)
+        queries, keys = x @ W_Q, x @ W_K  # [part, batch, pos, d_head]
+        if BIAS in streams and attn.b_Q is not None:
+            at = names.index(BIAS)
+            queries[at] += attn.b_Q[index] * model.cfg.d_head**-0.5
+            keys[at] += attn.b_K[index]
         if model.W_pos is not None and model.cfg.positional_embedding == "shortformer":
             positions = model.W_pos[: tokens.shape[1]].expand(tokens.shape[0], -1, -1)
             names.append(POS_EMBED)
-            queries.append(positions @ W_Q)
-            keys.append(positions @ W_K)
-    return ScoreParts(head, names, torch.stack(queries), torch.stack(keys))
+            queries = torch.cat([queries, (positions @ W_Q)[None]])
+            keys = torch.cat([keys, (positions @ W_K)[None]])
+    return ScoreParts(head, names, queries, keys)
 
 
 def score_attribution(

@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from qkov.circuits.attribution import ScoreParts, centred_scores, score_parts, stream_parts
+from qkov.circuits.attribution import ScoreParts, centred_scores, read_parts, score_parts, stream_parts
 from qkov.circuits.copying import Copying
 from qkov.circuits.correction import Correction
 from qkov.circuits.mechanisms import induction_mechanism_flop
@@ -106,17 +106,16 @@ def value_shares(
     attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
     scale = frozen.scales.get(norm_name(layer, "ln1"))
     pattern = frozen.patterns[layer][:, index]
-    writes = {}
     streams = stream_parts(model, tokens, layer, frozen) if streams is None else streams
-    for name, stream in streams.items():
-        x = stream if ln is None else (ln(stream, scale) if name == BIAS else ln.linear(stream, scale))
-        v = x @ attn.W_V[index]
-        if name == BIAS and attn.b_V is not None:
-            v = v + attn.b_V[index]
-        writes[name] = (pattern @ v @ attn.W_O[index]).double()
-    total = sum(writes.values())
+    names, x = read_parts(ln, scale, streams)
+    v = x @ attn.W_V[index]  # [part, batch, pos, d_head]
+    if BIAS in streams and attn.b_V is not None:
+        v[names.index(BIAS)] += attn.b_V[index]
+    writes = (pattern @ v @ attn.W_O[index]).double()  # [part, batch, pos, d_model]
+    total = writes.sum(0)
     norm = float(total.square().sum())
-    return {name: finite(float((w * total).sum()) / norm) for name, w in writes.items()}
+    overlaps = (writes * total).sum((1, 2, 3)).tolist()
+    return {name: finite(overlap / norm) for name, overlap in zip(names, overlaps, strict=True)}
 
 
 def score_shares(parts: ScoreParts, side: str) -> dict[str, float | None]:

@@ -217,18 +217,22 @@ def diagonal_and_ranks(
     row's own entry. Nothing ``d_vocab x d_vocab``, and no head's ``W_O W_U``, is built."""
     W_E, W_U, W_V, W_O = _head_factors(ov, device)
     heads, d_head = W_O.shape[:2]
-    mean_direction = W_O @ W_U.mean(1)  # [heads, d_head]
+    mean_direction = (W_O @ W_U.mean(1))[:, None, :]  # [heads, 1, d_head]
     second_moment = W_O @ (W_U @ W_U.mT) @ W_O.mT / ov.n  # [heads, d_head, d_head]
-    W_V_flat, W_O_flat = W_V.flatten(1), W_O.permute(2, 0, 1).flatten(1)  # [d_model, heads * d_head]
+    # Heads and their d_head coordinates first, tokens last: each block's P and Q come out of one
+    # matmul in the layout every later product and reduction reads contiguously.
+    W_V_t, W_O_t = W_V.flatten(1).mT, W_O.flatten(0, 1)  # [heads * d_head, d_model]
 
-    def factors(tokens: Tensor | slice) -> tuple[Tensor, Tensor]:  # P, Q: [tokens, heads, d_head]
-        P = (W_E[tokens] @ W_V_flat).unflatten(1, (heads, d_head))
-        return P, (W_U[:, tokens].mT @ W_O_flat).unflatten(1, (heads, d_head))
+    def factors(tokens: Tensor | slice) -> tuple[Tensor, Tensor]:  # P, Q: [heads, d_head, tokens]
+        P = (W_V_t @ W_E[tokens].mT).unflatten(0, (heads, d_head))
+        return P, (W_O_t @ W_U[:, tokens]).unflatten(0, (heads, d_head))
 
     rows = rows.to(device)
-    P_rows, Q_rows = (x.transpose(0, 1) for x in factors(rows))  # [heads, rows, d_head]
-    own = (P_rows * Q_rows).sum(-1, keepdim=True)  # each scored row's own entry
-    counts = torch.zeros(heads, len(rows), dtype=torch.long, device=device)
+    P_rows, Q_rows = factors(rows)
+    own = (P_rows * Q_rows).sum(1)[..., None]  # [heads, rows, 1]: each scored row's own entry
+    P_rows = P_rows.transpose(1, 2).contiguous()  # [heads, rows, d_head]
+    # Counted in floating point, exact below 2^24 columns (in float32 or wider).
+    counts = torch.zeros(heads, len(rows), dtype=torch.promote_types(W_E.dtype, torch.float32), device=device)
     step = max(1, BLOCK_BYTES // (heads * d_head * W_E.element_size()))
     block_bytes = BLOCK_BYTES if device.type == "cpu" else DEVICE_BLOCK_BYTES
     row_step = max(1, block_bytes // (heads * min(step, ov.m) * W_E.element_size()))
@@ -237,24 +241,23 @@ def diagonal_and_ranks(
     with _progress_bar(progress) as shown:
         task = shown.add_task("direct copying", total=ov.m)
         for start in range(0, ov.m, step):
-            P, Q = factors(slice(start, start + step))  # [b, heads, d_head]
-            diagonal = (P * Q).sum(-1)  # [b, heads]
-            mean = torch.einsum("bhr,hr->bh", P, mean_direction)
-            square = torch.einsum("hbr,hbr->bh", P.transpose(0, 1) @ second_moment, P.transpose(0, 1))
+            P, Q = factors(slice(start, start + step))  # [heads, d_head, b]
+            diagonal = (P * Q).sum(1)  # [heads, b]
+            mean = (mean_direction @ P)[:, 0]
+            square = ((second_moment @ P) * P).sum(1)  # second_moment is symmetric
             std = (square - mean.square()).clamp_min(0).sqrt()
             z = torch.where(std > 0, (diagonal - mean) / torch.where(std > 0, std, 1), 0)
-            diagonal_sum += diagonal.sum(0, dtype=torch.float64)
-            z_sum += z.sum(0, dtype=torch.float64)
-            columns = Q.permute(1, 2, 0)  # [heads, d_head, b]
+            diagonal_sum += diagonal.sum(1, dtype=torch.float64)
+            z_sum += z.sum(1, dtype=torch.float64)
             for first in range(0, len(rows), row_step):
                 scored = slice(first, first + row_step)
-                entries = P_rows[:, scored] @ columns  # [heads, rows, b]
+                entries = P_rows[:, scored] @ Q  # [heads, rows, b]
                 local = rows[scored] - start  # a row's own column, when it is in this block
-                inside = ((local >= 0) & (local < columns.shape[-1])).nonzero()[:, 0]
+                inside = ((local >= 0) & (local < Q.shape[-1])).nonzero()[:, 0]
                 entries[:, inside, local[inside]] = -torch.inf  # the own entry is not counted against itself
-                counts[:, scored] += (entries >= own[:, scored]).sum(-1)
-            shown.advance(task, columns.shape[-1])
-    return (diagonal_sum / ov.m).cpu(), (z_sum / ov.m).cpu(), (counts + 1).cpu()
+                counts[:, scored] += entries.ge_(own[:, scored]).sum(-1, dtype=counts.dtype)  # no bool copy
+            shown.advance(task, Q.shape[-1])
+    return (diagonal_sum / ov.m).cpu(), (z_sum / ov.m).cpu(), (counts.long() + 1).cpu()
 
 
 def _head_factors(ov: SharedFactoredMatrix, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -157,9 +156,7 @@ def _bias_part(model: AttnOnlyTransformer, frozen: Frozen, shape: torch.Size) ->
     LayerNorm's ``b``). The frozen model is affine; this is its constant part."""
     resid = torch.zeros(shape, dtype=model.W_E.dtype, device=model.device)
     for layer, block in enumerate(model.blocks):
-        x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), resid)
-        writes, _ = block.attn.head_writes(x, None, frozen.patterns[layer])
-        resid = resid + writes.sum(dim=2)
+        resid = resid + _layer_write(model, frozen, layer, resid)
         if block.attn.b_O is not None:
             resid = resid + block.attn.b_O
     return _unembed_affine(model, frozen, resid)
@@ -232,6 +229,12 @@ class TermImportance:
     tokens: str
 
 
+UNEMBED_ROWS = 1024  # rows of logits at a time in each order's loss: 206 MB at 50257 outputs
+
+# What term importance scores: the ``targets`` given (or None) and each scored row's target.
+_Scored = tuple[Tensor | None, Int[Tensor, " rows"]]
+
+
 def _rows(x: Tensor, targets: Tensor | None) -> Tensor:
     """``x`` ``[batch, pos, ...]`` at the positions that are scored, as rows: every position but the
     last against the next token (``targets`` None), else every position (``targets`` says which
@@ -245,11 +248,24 @@ def _target_rows(tokens: Int[Tensor, "batch pos"], targets: Tensor | None) -> Te
 
 
 def _target_loss(
-    logits: Float[Tensor, "batch pos d_out"], tokens: Int[Tensor, "batch pos"], targets: Tensor | None
+    model: AttnOnlyTransformer, frozen: Frozen, resid: Float[Tensor, "batch pos d_model"], scored: _Scored
 ) -> float:
-    """The mean cross-entropy against ``targets`` over the positions that have one (``IGNORE``:
-    none), or against the next token when ``targets`` is None."""
-    return float(F.cross_entropy(_rows(logits, targets), _target_rows(tokens, targets), ignore_index=IGNORE))
+    """The mean cross-entropy of ``resid``'s logits (the final LayerNorm's scale frozen) against the
+    scored rows' targets (:func:`_rows`; ``IGNORE`` rows left out), ``UNEMBED_ROWS`` rows at a time:
+    each a whole-vocabulary product (a smaller chunk would read all of ``W_U`` again for few rows)
+    and a ``logsumexp`` over its contiguous rows."""
+    targets, wanted = scored
+    final = _affine_read(model.ln_final, frozen.scales.get(norm_name(None, "ln_final")), resid)
+    final = _rows(final, targets)
+    kept = wanted != IGNORE
+    final, wanted = final[kept], wanted[kept]
+    total = torch.zeros((), dtype=torch.float64, device=final.device)
+    for first in range(0, len(final), UNEMBED_ROWS):
+        logits = final[first : first + UNEMBED_ROWS] @ model.W_U
+        logits = logits if model.b_U is None else logits + model.b_U
+        chosen = logits.gather(1, wanted[first : first + UNEMBED_ROWS, None])[:, 0]
+        total += (logits.logsumexp(1) - chosen).sum(dtype=torch.float64)
+    return float(total / len(final))
 
 
 def _head_writes(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream: Tensor) -> Tensor:
@@ -260,9 +276,55 @@ def _head_writes(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream:
     return block.attn.head_writes(x, None, frozen.patterns[layer])[0]
 
 
+def _layer_write(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream: Tensor) -> Tensor:
+    """:func:`_head_writes` summed over the heads, ``[batch, pos, d_model]``, in one product."""
+    block = model.blocks[layer]
+    x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), stream)
+    return block.attn.layer_write(x, frozen.patterns[layer])
+
+
 # The first-order losses go through the logits a [ROWS, COLUMNS] block at a time, which stays in
 # cache: at GPT-2 small's shapes the rank-64 products ran 3x faster so than over whole rows.
 ROWS, COLUMNS = 256, 4096
+# A head whose logit terms are at most REACH nats in size on a block of rows (Cauchy-Schwarz, row by
+# row) has its logsumexp summed in exp space: exp(term) times the direct path's exp(logit - row
+# max), formed once, so one exp and one multiply-add an entry instead of logsumexp's passes. Within
+# REACH no exp leaves float32's normal range; the direct path's entries below exp(-FLOOR) are set to
+# zero (so no product is subnormal, which is slow), and they add at most d_out e^(REACH - FLOOR) to a
+# sum of at least e^-REACH: 2e-13 of it at 50257 outputs. Larger terms take the logsumexp.
+REACH, FLOOR = 10.0, 60.0
+
+
+@dataclass(frozen=True)
+class _Direct:
+    """The direct path's logits at the scored rows (:func:`_rows`), with what every first-order loss
+    reuses: each row's largest logit ``top`` and ``weights = exp(logits - top)`` (zero below
+    ``exp(-FLOOR)``), its ``logsumexp`` (``top + log`` of the weights summed a ``COLUMNS`` block at a
+    time, as :func:`_block_logsumexp` sums a head's, so that a head whose term is zero has exactly
+    the direct path's), its target's logit, and which rows are scored."""
+
+    logits: Float[Tensor, "rows d_out"]
+    top: Float[Tensor, " rows"]
+    weights: Float[Tensor, "rows d_out"]
+    lse: Float[Tensor, " rows"]
+    target: Int[Tensor, " rows"]
+    target_logit: Float[Tensor, " rows"]
+    kept: Tensor
+
+    @classmethod
+    def of(cls, logits: Float[Tensor, "rows d_out"], wanted: Int[Tensor, " rows"]) -> _Direct:
+        logits, target = logits.contiguous(), wanted.clamp(min=0)
+        top = logits.amax(1)
+        shifted = logits - top[:, None]
+        weights = shifted.masked_fill_(shifted < -FLOOR, -torch.inf).exp_()
+        total = torch.zeros_like(top)
+        for first in range(0, logits.shape[1], COLUMNS):
+            total += weights[:, first : first + COLUMNS].sum(1)
+        target_logit = logits.gather(1, target[:, None])[:, 0]
+        return cls(logits, top, weights, top + total.log(), target, target_logit, wanted != IGNORE)
+
+    def loss_sum(self) -> float:
+        return float(((self.lse - self.target_logit) * self.kept).double().sum())
 
 
 def _first_order(
@@ -270,63 +332,73 @@ def _first_order(
     frozen: Frozen,
     layer: int,
     stream: Tensor,
-    base: Float[Tensor, "rows d_out"],
-    scored: tuple[Tensor | None, Int[Tensor, " rows"]],
+    direct: _Direct,
+    scored: _Scored,
 ) -> tuple[float, list[float]]:
     """How much the loss falls when ``layer``'s first-order terms (each head reading ``stream``) are
-    added to the direct path, whose logits at the scored rows are ``base``: ``(all of the layer's
-    heads, [each head alone])``, against the direct path's loss computed the same way (so a head
-    whose term is zero has exactly 0). ``scored``: the ``targets`` given (or None) and each row's
-    target (:func:`_rows`).
+    added to the direct path: ``(all of the layer's heads, [each head alone])``, against the direct
+    path's loss computed the same way (so a head whose term is zero has exactly 0).
 
     With the final LayerNorm's scale ``s`` frozen the logits are affine in the stream, so a head's
     write ``z_h @ W_O^h`` adds ``(z_h / s) @ M_h`` to them, ``M_h = LN_lin(W_O^h) @ W_U``
     (``[d_head, d_out]``; the paper, column vectors: ``W_U W_O^h z_h``): one rank-``d_head`` product
     per head instead of a full unembedding of its write. Each loss is ``logsumexp`` minus the
     target's logit, the ``logsumexp`` combined over blocks of columns."""
-    block, (targets, wanted) = model.blocks[layer], scored
+    block = model.blocks[layer]
     x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), stream)
     z = block.attn.head_values(x, None, frozen.patterns[layer])[0].transpose(
         1, 2
     )  # [batch, pos, n_heads, d_head]
     final = frozen.scales.get(norm_name(None, "ln_final"))
-    z = _rows(z if final is None else z / final[..., None], targets)  # [rows, n_heads, d_head]
+    z = _rows(z if final is None else z / final[..., None], scored[0])  # [rows, n_heads, d_head]
     unit = torch.ones((), dtype=z.dtype, device=z.device)
     out = block.attn.W_O if model.ln_final is None else model.ln_final.linear(block.attn.W_O, unit)
     n_heads, d_head, d_model = out.shape
     through = (out.reshape(-1, d_model) @ model.W_U).unflatten(
         0, (n_heads, d_head)
     )  # M_h, [n_heads, d_head, d_out]
-    sums = torch.zeros(n_heads + 2, dtype=torch.float64, device=z.device)
-    for first in range(0, len(base), ROWS):
+    column_square = torch.zeros_like(through[:, 0])  # ||M_h[:, j]||^2, one d_head row at a time (in cache)
+    for coordinate in through.unbind(1):
+        column_square.addcmul_(coordinate, coordinate)
+    reach = z.norm(dim=2) * column_square.amax(1).sqrt()  # [rows, n_heads]: |z_h @ M_h| at most
+    sums = torch.zeros(n_heads + 1, dtype=torch.float64, device=z.device)
+    for first in range(0, len(direct.logits), ROWS):
         rows = slice(first, first + ROWS)
-        lse = _block_logsumexp(base[rows], z[rows], through)
-        kept = wanted[rows] != IGNORE
-        target = wanted[rows].clamp(min=0)
-        heads = einsum(z[rows], through[:, :, target], "row head d, head d row -> head row")
-        parts = torch.cat([heads, heads.sum(0, keepdim=True), torch.zeros_like(heads[:1])])
-        logit = base[rows].gather(1, target[:, None])[:, 0] + parts
-        sums += ((lse - logit) * kept).double().sum(1)
-    losses = (sums / int((wanted != IGNORE).sum())).tolist()
-    return losses[-1] - losses[-2], [losses[-1] - loss for loss in losses[:-2]]
+        lse = _block_logsumexp(direct, rows, z[rows], through, reach[rows].amax(0) <= REACH)
+        heads = einsum(z[rows], through[:, :, direct.target[rows]], "row head d, head d row -> head row")
+        logit = direct.target_logit[rows] + torch.cat([heads, heads.sum(0, keepdim=True)])
+        sums += ((lse - logit) * direct.kept[rows]).double().sum(1)
+    count, base = int(direct.kept.sum()), direct.loss_sum()
+    losses = [(base - total) / count for total in sums.tolist()]
+    return losses[-1], losses[:-1]
 
 
 def _block_logsumexp(
-    base: Float[Tensor, "rows d_out"], z: Float[Tensor, "rows n_heads d_head"], through: Tensor
+    direct: _Direct,
+    rows: slice,
+    z: Float[Tensor, "rows n_heads d_head"],
+    through: Float[Tensor, "n_heads d_head d_out"],
+    small: Tensor,
 ) -> Float[Tensor, "heads_and_layer rows"]:
-    """``logsumexp`` over the outputs of ``base + z_h @ through[h]`` for each head ``h``, then of
-    ``base`` plus every head's, then of ``base``, ``COLUMNS`` at a time."""
-    n_heads = z.shape[1]
-    lse = torch.full((n_heads + 2, len(base)), -torch.inf, dtype=base.dtype, device=base.device)
+    """``logsumexp`` over the outputs of the direct path's logits plus ``z_h @ through[h]`` for each
+    head ``h``, then plus every head's, ``COLUMNS`` at a time: summed in exp space for the heads
+    whose terms are ``small`` (at most ``REACH``), else by ``logsumexp`` (see ``REACH``)."""
+    base, weights, n_heads = direct.logits[rows], direct.weights[rows], z.shape[1]
+    lse = torch.full((n_heads + 1, len(base)), -torch.inf, dtype=base.dtype, device=base.device)
+    sums = torch.zeros((n_heads, len(base)), dtype=base.dtype, device=base.device)
+    fast = small.tolist()
     for first in range(0, base.shape[1], COLUMNS):
         cols = slice(first, first + COLUMNS)
         every = base[:, cols].clone()
         for head in range(n_heads):
             delta = z[:, head] @ through[head, :, cols]
             every += delta
-            lse[head] = torch.logaddexp(lse[head], delta.add_(base[:, cols]).logsumexp(1))
-        lse[-2] = torch.logaddexp(lse[-2], every.logsumexp(1))
-        lse[-1] = torch.logaddexp(lse[-1], base[:, cols].logsumexp(1))
+            if fast[head]:
+                sums[head] += delta.exp_().mul_(weights[:, cols]).sum(1)
+            else:
+                lse[head] = torch.logaddexp(lse[head], delta.add_(base[:, cols]).logsumexp(1))
+        lse[-1] = torch.logaddexp(lse[-1], every.logsumexp(1))
+    lse[:-1][small] = direct.top[rows] + sums[small].log()
     return lse
 
 
@@ -338,7 +410,7 @@ def _rerun(model: AttnOnlyTransformer, frozen: Frozen, start: Tensor, inputs: Se
     for layer, block in enumerate(model.blocks):
         seen.append(resid)
         if inputs is not None:
-            resid = resid + _head_writes(model, frozen, layer, inputs[layer]).sum(dim=2)
+            resid = resid + _layer_write(model, frozen, layer, inputs[layer])
             if block.attn.b_O is not None:
                 resid = resid + block.attn.b_O
         if block.mlp is not None:
@@ -392,20 +464,17 @@ def term_importance(
         frozen = freeze(model, tokens)
         start, _ = model.embed(tokens)
 
-        def loss(resid: Tensor) -> float:
-            return _target_loss(_unembed_affine(model, frozen, resid), tokens, targets)
-
+        scored = (targets, _target_rows(tokens, targets))
         base, inputs = _rerun(model, frozen, start, None)
         first_inputs = inputs
-        losses = [loss(base)]
+        losses = [_target_loss(model, frozen, base, scored)]
         for _ in range(model.cfg.n_layers):
             resid, inputs = _rerun(model, frozen, start, inputs)
-            losses.append(loss(resid))
+            losses.append(_target_loss(model, frozen, resid, scored))
         by_layer, by_head = [], []
-        base_rows = _rows(_unembed_affine(model, frozen, base), targets).contiguous()
-        scored = (targets, _target_rows(tokens, targets))
+        direct = _Direct.of(_rows(_unembed_affine(model, frozen, base), targets), scored[1])
         for layer in range(model.cfg.n_layers):
-            whole, heads = _first_order(model, frozen, layer, first_inputs[layer], base_rows, scored)
+            whole, heads = _first_order(model, frozen, layer, first_inputs[layer], direct, scored)
             by_layer.append(whole)
             by_head.append(heads)
     return TermImportance(
