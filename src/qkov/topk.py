@@ -451,31 +451,37 @@ def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int) -> tuple[
 def _streamed(
     A: Float[Tensor, "m r"], B: Float[Tensor, "r n"], k: int, block_rows: int
 ) -> tuple[Tensor, Tensor]:
-    """The exhaustive search: ``block_rows`` rows of the product at a time, screened into one
-    reused buffer; a block whose largest entry is below ``tau`` by more than its screening error
-    is passed over (one pass, as the exhaustive search's row maxima), the others' candidates
-    (:func:`_candidates`) decided in float64 (:func:`_decide`)."""
+    """The exhaustive search, a tile of at most ``SCREEN_TILE`` x ``SCREEN_TILE`` entries (and no
+    more than ``block_rows`` whole rows hold) at a time, screened into one reused buffer that stays
+    in cache while it is read: a tile whose largest entry is below ``tau`` by more than its
+    screening error is passed over after that one pass, the others' candidates
+    (:func:`_candidates`) are decided in float64 (:func:`_decide`). ``tau`` is the ``k``-th best
+    decided so far: the first tile's own ``k`` best set it high at once (higher than
+    :func:`_first_tau`'s sample, so that few later tiles hold a candidate)."""
     m, n = A.shape[0], B.shape[1]
     screen, gamma = _screening(A)
-    a_screen, b_screen, b_decide = A.to(screen), B.to(screen), B.mT.contiguous()
-    col_norm = float(_norms(B, 0).max())
-    errors = [gamma * col_norm * float(rows.max()) for rows in _norms(A, 1).split(block_rows)]
-    buffer = torch.empty(min(block_rows, m), n, dtype=screen, device=A.device)
+    a_screen, b_decide = A.to(screen), B.mT.contiguous()
+    cols = min(n, SCREEN_TILE)
+    rows = max(1, min(SCREEN_TILE, block_rows * n // cols))
+    parts = [B[:, at : at + cols].to(screen).contiguous() for at in range(0, n, cols)]
+    col_norm = [float(x.max()) for x in _norms(B, 0).split(cols)]
+    row_norm = [float(x.max()) for x in _norms(A, 1).split(rows)]
+    buffer = torch.empty(min(rows, m) * cols, dtype=screen, device=A.device)
     values, index = A.new_empty(0, dtype=DECIDE), torch.empty(0, dtype=torch.long, device=A.device)
     tau = -math.inf
-    for start, error in zip(range(0, m, block_rows), errors, strict=True):
-        rows = a_screen[start : start + block_rows]
-        screened = torch.matmul(rows, b_screen, out=buffer[: len(rows)])
-        best = screened.amax(1)  # the one pass over the block, as the exhaustive search's
-        if tau > -math.inf and float(best.max()) < tau - error:
-            continue  # no entry can beat tau (_candidates keeps x >= tau - error, nothing else)
-        at_row, at_col = _candidates(
-            screened, best, tau, k, torch.tensor(error, dtype=DECIDE, device=A.device)
-        )
-        exact = _decide(A, b_decide, at_row + start, at_col)
-        found = (at_row + start) * n + at_col
-        values, index = _ranked(torch.cat([values, exact]), torch.cat([index, found]), k)
-        tau = float(values[-1]) if len(values) == k else -math.inf
+    for start, row_max in zip(range(0, m, rows), row_norm, strict=True):
+        block = a_screen[start : start + rows]
+        for first, part, col_max in zip(range(0, n, cols), parts, col_norm, strict=True):
+            tile = torch.matmul(block, part, out=buffer[: len(block) * part.shape[1]].view(len(block), -1))
+            best, error = tile.amax(1), gamma * row_max * col_max
+            if tau > -math.inf and float(best.max()) < tau - error:
+                continue  # no entry can beat tau (_candidates keeps x >= tau - error, nothing else)
+            bound = torch.tensor(error, dtype=DECIDE, device=A.device)
+            at_row, at_col = _candidates(tile, best, tau, k, bound)
+            at_row, at_col = at_row + start, at_col + first
+            exact = _decide(A, b_decide, at_row, at_col)
+            values, index = _ranked(torch.cat([values, exact]), torch.cat([index, at_row * n + at_col]), k)
+            tau = float(values[-1]) if len(values) == k else -math.inf
     return values, index
 
 
