@@ -1,8 +1,10 @@
 """All Q/K/V composition scores: qkov against TransformerLens 3.x ``all_composition_scores``,
 side by side in one run, on a random 12-layer x 12-head model (d_model 768, d_head 64: GPT-2
-small's attention shapes), float32, one thread.
+small's attention shapes), float32, one thread (``--threads``: more), with the fp32 matmul rate
+measured beside it.
 
     python benchmarks/composition.py              # about 40 s and 9 GB of memory at peak (TransformerLens)
+    python benchmarks/composition.py --threads 2 --no-transformer-lens   # both cores, qkov alone
     python benchmarks/composition.py --layers 4   # a quicker look
 
 Prints time and peak extra resident memory per kind, and the largest difference between the two
@@ -18,6 +20,7 @@ import torch
 
 import qkov
 from qkov.circuits.composition import all_raw_composition_scores, raw_composition_scores
+from qkov.machine import matmul_rate
 
 from peak_memory import measure
 
@@ -28,8 +31,10 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--d-head", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-transformer-lens", action="store_true", help="qkov's timings only")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     cfg = qkov.Config(
         n_layers=args.layers,
         n_heads=args.heads,
@@ -40,7 +45,8 @@ def main() -> None:
     )
     model = qkov.AttnOnlyTransformer(cfg)  # random weights: the cost does not depend on their values
     print(
-        f"{args.layers} layers x {args.heads} heads, d_model {args.d_model}, d_head {args.d_head}, 1 thread"
+        f"{args.layers} layers x {args.heads} heads, d_model {args.d_model}, d_head {args.d_head}, "
+        f"{args.threads} thread(s); fp32 matmul {matmul_rate() / 1e9:.0f} GFLOP/s"
     )
 
     def all_three():
@@ -56,6 +62,9 @@ def main() -> None:
         f"{warm_s:.2f} s after"
     )
     ours = {kind: measure(lambda kind=kind: raw_composition_scores(model, kind)) for kind in "QKV"}
+    if args.no_transformer_lens:
+        print("one kind at a time:", ", ".join(f"{kind} {s:.2f} s" for kind, (_, s, _) in ours.items()))
+        return
     hooked = qkov.interop.to_hooked_transformer(model)
     with torch.no_grad():
         theirs = {kind: measure(lambda kind=kind: hooked.all_composition_scores(kind)) for kind in "QKV"}
