@@ -240,7 +240,9 @@ def _terms(model: AttnOnlyTransformer, run: _LastMLP) -> Iterator[tuple[str, Ten
     with torch.no_grad():
         ids = torch.arange(model.cfg.d_mlp, device=model.device)
         yield "before", _unembed_linear(model, run.resid_mid, run.scale)
-        yield "neurons", _per_scale(run, ids) @ (_value_logits(model, ids) @ model.W_U)
+        # summed over the neurons in d_model before the unembedding: d_mlp / d_model fewer products
+        # than unembedding every neuron's value first
+        yield "neurons", (_per_scale(run, ids) @ _value_logits(model, ids)) @ model.W_U
         b_out = model.blocks[-1].mlp.b_out
         zero = run.logits.new_zeros(())
         yield "b_out", zero if b_out is None else _unembed_linear(model, b_out, run.scale)

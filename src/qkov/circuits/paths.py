@@ -248,12 +248,17 @@ def _target_rows(tokens: Int[Tensor, "batch pos"], targets: Tensor | None) -> Te
 
 
 def _target_loss(
-    model: AttnOnlyTransformer, frozen: Frozen, resid: Float[Tensor, "batch pos d_model"], scored: _Scored
+    model: AttnOnlyTransformer,
+    frozen: Frozen,
+    resid: Float[Tensor, "batch pos d_model"],
+    scored: _Scored,
+    buffer: Float[Tensor, "rows d_out"],
 ) -> float:
     """The mean cross-entropy of ``resid``'s logits (the final LayerNorm's scale frozen) against the
     scored rows' targets (:func:`_rows`; ``IGNORE`` rows left out), ``UNEMBED_ROWS`` rows at a time:
-    each a whole-vocabulary product (a smaller chunk would read all of ``W_U`` again for few rows)
-    and a ``logsumexp`` over its contiguous rows."""
+    each a whole-vocabulary product (a smaller chunk would read all of ``W_U`` again for few rows),
+    into ``buffer`` (as many rows: a fresh 200 MB of logits would cost its page faults each time),
+    its ``logsumexp`` taken in place."""
     targets, wanted = scored
     final = _affine_read(model.ln_final, frozen.scales.get(norm_name(None, "ln_final")), resid)
     final = _rows(final, targets)
@@ -261,10 +266,14 @@ def _target_loss(
     final, wanted = final[kept], wanted[kept]
     total = torch.zeros((), dtype=torch.float64, device=final.device)
     for first in range(0, len(final), UNEMBED_ROWS):
-        logits = final[first : first + UNEMBED_ROWS] @ model.W_U
-        logits = logits if model.b_U is None else logits + model.b_U
+        rows = final[first : first + UNEMBED_ROWS]
+        logits = torch.matmul(rows, model.W_U, out=buffer[: len(rows)])
+        if model.b_U is not None:
+            logits += model.b_U
         chosen = logits.gather(1, wanted[first : first + UNEMBED_ROWS, None])[:, 0]
-        total += (logits.logsumexp(1) - chosen).sum(dtype=torch.float64)
+        top = logits.amax(1, keepdim=True)
+        lse = logits.sub_(top).exp_().sum(1).log_() + top[:, 0]
+        total += (lse - chosen).sum(dtype=torch.float64)
     return float(total / len(final))
 
 
@@ -334,6 +343,7 @@ def _first_order(
     stream: Tensor,
     direct: _Direct,
     scored: _Scored,
+    buffer: Float[Tensor, "heads_d_head d_out"],
 ) -> tuple[float, list[float]]:
     """How much the loss falls when ``layer``'s first-order terms (each head reading ``stream``) are
     added to the direct path: ``(all of the layer's heads, [each head alone])``, against the direct
@@ -343,7 +353,8 @@ def _first_order(
     write ``z_h @ W_O^h`` adds ``(z_h / s) @ M_h`` to them, ``M_h = LN_lin(W_O^h) @ W_U``
     (``[d_head, d_out]``; the paper, column vectors: ``W_U W_O^h z_h``): one rank-``d_head`` product
     per head instead of a full unembedding of its write. Each loss is ``logsumexp`` minus the
-    target's logit, the ``logsumexp`` combined over blocks of columns."""
+    target's logit, the ``logsumexp`` combined over blocks of columns. ``buffer`` receives the
+    ``M_h`` (one buffer for every layer: a fresh one would cost its page faults each time)."""
     block = model.blocks[layer]
     x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), stream)
     z = block.attn.head_values(x, None, frozen.patterns[layer])[0].transpose(
@@ -354,7 +365,7 @@ def _first_order(
     unit = torch.ones((), dtype=z.dtype, device=z.device)
     out = block.attn.W_O if model.ln_final is None else model.ln_final.linear(block.attn.W_O, unit)
     n_heads, d_head, d_model = out.shape
-    through = (out.reshape(-1, d_model) @ model.W_U).unflatten(
+    through = torch.matmul(out.reshape(-1, d_model), model.W_U, out=buffer).unflatten(
         0, (n_heads, d_head)
     )  # M_h, [n_heads, d_head, d_out]
     column_square = torch.zeros_like(through[:, 0])  # ||M_h[:, j]||^2, one d_head row at a time (in cache)
@@ -465,16 +476,20 @@ def term_importance(
         start, _ = model.embed(tokens)
 
         scored = (targets, _target_rows(tokens, targets))
+        rows = min(UNEMBED_ROWS, len(scored[1]))
+        buffer = torch.empty(rows, model.W_U.shape[1], dtype=model.W_U.dtype, device=model.device)
         base, inputs = _rerun(model, frozen, start, None)
         first_inputs = inputs
-        losses = [_target_loss(model, frozen, base, scored)]
+        losses = [_target_loss(model, frozen, base, scored, buffer)]
         for _ in range(model.cfg.n_layers):
             resid, inputs = _rerun(model, frozen, start, inputs)
-            losses.append(_target_loss(model, frozen, resid, scored))
+            losses.append(_target_loss(model, frozen, resid, scored, buffer))
         by_layer, by_head = [], []
         direct = _Direct.of(_rows(_unembed_affine(model, frozen, base), targets), scored[1])
+        width = model.cfg.n_heads * model.cfg.d_head
+        through = torch.empty(width, model.W_U.shape[1], dtype=model.W_U.dtype, device=model.device)
         for layer in range(model.cfg.n_layers):
-            whole, heads = _first_order(model, frozen, layer, first_inputs[layer], direct, scored)
+            whole, heads = _first_order(model, frozen, layer, first_inputs[layer], direct, scored, through)
             by_layer.append(whole)
             by_head.append(heads)
     return TermImportance(
