@@ -246,7 +246,7 @@ def test_first_order_terms_through_rank_d_head_products_are_the_unembedded_write
     tokens = tokens_for(model, batch=4)
     result = qkov.term_importance(model, tokens)
     frozen = paths.freeze(model, tokens)
-    base, inputs = paths._rerun(model, frozen, model.embed(tokens)[0], None)
+    base, inputs, _ = paths._rerun(model, frozen, model.embed(tokens)[0], None)
 
     def loss(resid):
         return ce(paths._unembed_affine(model, frozen, resid), tokens)

@@ -413,31 +413,42 @@ def _block_logsumexp(
     return lse
 
 
-def _rerun(model: AttnOnlyTransformer, frozen: Frozen, start: Tensor, inputs: Sequence[Tensor] | None):
+def _rerun(
+    model: AttnOnlyTransformer,
+    frozen: Frozen,
+    start: Tensor,
+    inputs: Sequence[Tensor] | None,
+    known: Sequence[Tensor] = (),
+) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """One frozen run whose heads read ``inputs`` (one stream per layer) instead of their own
     stream (no heads when ``inputs`` is None), with every MLP's write frozen; returns the final
-    stream and the stream each layer saw (for the next run)."""
-    resid, seen = start, []
+    stream, the stream each layer saw (for the next run) and each layer's heads' write. ``known``:
+    the writes of the first ``len(known)`` layers, computed before from these same streams, so
+    taken as they are (see :func:`term_importance`)."""
+    resid, seen, writes = start, [], []
     for layer, block in enumerate(model.blocks):
         seen.append(resid)
         if inputs is not None:
-            resid = resid + _layer_write(model, frozen, layer, inputs[layer])
+            write = known[layer] if layer < len(known) else _layer_write(model, frozen, layer, inputs[layer])
+            writes.append(write)
+            resid = resid + write
             if block.attn.b_O is not None:
                 resid = resid + block.attn.b_O
         if block.mlp is not None:
             resid = resid + frozen.mlp_writes[layer]
-    return resid, seen
+    return resid, seen, writes
 
 
 def term_importance_flop(cfg: Config, length: int) -> float:
     """FLOP per token of :func:`term_importance` on sequences of ``length``: the run that freezes
-    the model, ``n_layers + 1`` frozen runs of every head's values and output (``n_layers`` layers
-    each, and one more for the first-order effects), one unembedding per order's loss (``1 +
-    n_layers``), and a rank-``d_head`` product per head for the first-order losses. Not per token,
-    so not counted: each layer's ``M_h`` (``n_heads d_head x d_model x d_vocab_out`` multiply-adds)."""
+    the model, the frozen layers of every head's values and output (run ``n`` of ``n_layers``
+    computes its last ``n_layers - n + 1`` layers, and the first-order effects each layer once
+    more), one unembedding per order's loss (``1 + n_layers``), and a rank-``d_head`` product per
+    head for the first-order losses. Not per token, so not counted: each layer's ``M_h``
+    (``n_heads d_head x d_model x d_vocab_out`` multiply-adds)."""
     heads = cfg.n_heads * cfg.d_head
     frozen_layer = 2 * (2 * cfg.d_model * heads + length * heads)
-    frozen_runs = (cfg.n_layers + 1) * cfg.n_layers * frozen_layer
+    frozen_runs = (cfg.n_layers * (cfg.n_layers + 1) // 2 + cfg.n_layers) * frozen_layer
     first_order = cfg.n_layers * 2 * heads * cfg.d_out
     return forward_flop(cfg, length) + frozen_runs + (1 + cfg.n_layers) * unembed_flop(cfg) + first_order
 
@@ -478,11 +489,13 @@ def term_importance(
         scored = (targets, _target_rows(tokens, targets))
         rows = min(UNEMBED_ROWS, len(scored[1]))
         buffer = torch.empty(rows, model.W_U.shape[1], dtype=model.W_U.dtype, device=model.device)
-        base, inputs = _rerun(model, frozen, start, None)
+        base, inputs, writes = _rerun(model, frozen, start, None)
         first_inputs = inputs
         losses = [_target_loss(model, frozen, base, scored, buffer)]
-        for _ in range(model.cfg.n_layers):
-            resid, inputs = _rerun(model, frozen, start, inputs)
+        for order in range(1, model.cfg.n_layers + 1):
+            # A layer's stream holds paths through at most as many heads as layers before it, so
+            # run n's layers below n - 1 read exactly what run n - 1's did: their writes are kept.
+            resid, inputs, writes = _rerun(model, frozen, start, inputs, writes[: order - 1])
             losses.append(_target_loss(model, frozen, resid, scored, buffer))
         by_layer, by_head = [], []
         direct = _Direct.of(_rows(_unembed_affine(model, frozen, base), targets), scored[1])
