@@ -123,6 +123,8 @@ def launch(args: argparse.Namespace) -> None:
 
 def control_for(run: Path) -> Path | None:
     """The 1-layer run of the same seed (and vocabulary) as a 2-layer run: its phase-change control."""
+    if "-s" not in run.name:
+        return None
     name, seed = run.name.rsplit("-s", 1)
     plan = next((p for p in ("vocab2048-", "ctx1024-") if name.startswith(p)), "")
     control = run.parent / f"{plan}1layer-s{seed}"
@@ -139,9 +141,16 @@ def table(folder: Path) -> None:
         log = read_training_log(run)
         control = control_for(run)
         change = phase_change(log, read_training_log(control) if control else None)
-        if json.loads((run / "config.json").read_text())["n_layers"] < 2 or change is None:
+        if json.loads((run / "config.json").read_text())["n_layers"] < 2:
             continue
-        last, c = log[-1], change.control
+        last = log[-1]
+        if change is None:  # the induction score never rose: no window to judge
+            scores = (last.induction_score, last.previous_token_score, last.icl_score)
+            cells = [f"{last.tokens / 1e6:7.2f}M", *(f"{'-':>8}" for _ in range(4))]
+            cells += [f"{x:8.2f}" for x in scores]
+            print(f"{run.name:28} " + " ".join(cells), "    -  no rise of the induction score")
+            continue
+        c = change.control
         ends = (last.tokens, change.window_start_tokens, change.window_end_tokens)
         cells = [
             *(f"{x / 1e6:7.2f}M" for x in ends),
