@@ -55,10 +55,12 @@ def test_no_gradient_work_without_autograd():
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_token_losses_are_the_cross_entropy_at_every_position(dtype):
     """``logsumexp - target logit`` over the last axis, against ``F.cross_entropy`` in float64 (a
-    bfloat16 input upcast first), with logits far from zero so that the shift matters."""
+    bfloat16 input upcast first), with logits far from zero so that the shift matters, and 0 where
+    the target is -100."""
     generator = torch.Generator().manual_seed(0)
     logits = (torch.randn(3, 5, 11, generator=generator, dtype=torch.float64) * 4 + 50).to(dtype)
     targets = torch.randint(0, 11, (3, 5), generator=generator)
+    targets[1, 2] = -100  # no target there: loss 0, as F.cross_entropy's ignore_index
     got = token_losses(logits, targets)
     want = F.cross_entropy(logits.double().transpose(1, 2), targets, reduction="none")
     assert got.dtype == torch.promote_types(dtype, torch.float32)

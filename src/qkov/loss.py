@@ -95,5 +95,7 @@ def token_losses(
     the loss of predicting token ``i + 1`` having seen tokens ``0 ... i``."""
     wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
     # logsumexp minus the target's logit, reduced over the contiguous last axis: ``F.cross_entropy``
-    # wants the classes second, and on that transposed view ran 10x slower at a 50k vocabulary.
-    return wide.logsumexp(-1) - wide.gather(-1, targets[..., None])[..., 0]
+    # wants the classes second, and on that transposed view ran 10x slower at a 50k vocabulary. A
+    # negative target (-100: none) has loss 0, as ``F.cross_entropy``'s ``ignore_index`` gives.
+    chosen = wide.gather(-1, targets.clamp_min(0)[..., None])[..., 0]
+    return (wide.logsumexp(-1) - chosen).masked_fill(targets < 0, 0)
