@@ -11,6 +11,7 @@ default recipe for its depth with the run's overrides. Runs go ``--parallel`` at
     python benchmarks/phase_sweep.py run .sweepdata --out runs --plan phase --device cuda --parallel 12
     python benchmarks/phase_sweep.py table runs                            # onset, width, scores
     python benchmarks/phase_sweep.py run .sweepdata --out runs1024 --plan ctx1024  # the paper's context
+    python benchmarks/phase_sweep.py icl-noise runs1024/ctx1024-2layer-s0 .sweepdata  # the score's precision
 
 A run's name is ``{plan entry}-s{seed}``; ``table`` judges each 2-layer run by the phase-change rule
 (:mod:`qkov.circuits.phase_change`, with the 1-layer run of its seed as control) and prints the
@@ -32,10 +33,13 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+import qkov
 from qkov.circuits.phase_change import phase_change
 from qkov.data.shards import sampled_tokenizer, sharded_tokens
 from qkov.data.sources import CorpusFiles
 from qkov.data.tokens import TokenSplits
+from qkov.evaluation import icl_positions
+from qkov.loss import token_losses
 from qkov.recipes import recipe
 from qkov.train import Trainer
 from qkov.training_log import METRICS_FILE, read_training_log
@@ -163,6 +167,27 @@ def table(folder: Path) -> None:
         print(f"{run.name:28} " + " ".join(cells))
 
 
+def icl_noise(run: Path, data: Path) -> None:
+    """How precisely the held-out split measures a run's in-context-learning score: the score
+    (``qkov.evaluation.icl_positions``: loss at the late position minus the early one) on every
+    disjoint held-out window of ``n_ctx + 1`` tokens, its spread between windows, and its standard
+    error at the run's own number of evaluation windows and at every window the split holds."""
+    model = qkov.load(run).requires_grad_(False)
+    vocab, (early, late) = model.cfg.d_vocab, icl_positions(model.cfg.n_ctx)
+    held_out = torch.from_numpy(np.load(data / f"tokens-{vocab}.eval.npy").astype(np.int64))
+    length = model.cfg.n_ctx + 1
+    windows = held_out[: len(held_out) // length * length].view(-1, length)
+    with torch.no_grad():
+        losses = torch.cat([token_losses(model(w[:, :-1]), w[:, 1:]) for w in windows.split(16)])
+    scores = (losses[:, late] - losses[:, early]).double()
+    used = json.loads((run / "train_config.json").read_text())["eval_tokens"] // model.cfg.n_ctx
+    spread = float(scores.std())
+    print(f"{run.name}: ICL score (loss[{late}] - loss[{early}]) on {len(windows)} disjoint held-out windows "
+          f"{float(scores.mean()):+.3f}, spread {spread:.2f} nats between windows; standard error "
+          f"{spread / used**0.5:.3f} at the run's {used} windows, {spread / len(windows) ** 0.5:.3f} at all "
+          f"{len(windows)}")  # fmt: skip
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_one":  # one run, started by ``run``
         data, out, layers, seed, overrides, device = sys.argv[2:]
@@ -181,11 +206,16 @@ def main() -> None:
     run.add_argument("--threads", type=int, default=2, help="CPU threads per run")
     run.add_argument("--deadline", type=float, default=math.inf, help="seconds; unfinished runs stop then")
     commands.add_parser("table").add_argument("folder", type=Path)
+    noise = commands.add_parser("icl-noise")
+    noise.add_argument("run", type=Path)
+    noise.add_argument("data", type=Path)
     args = parser.parse_args()
     if args.command == "export":
         export(args.data)
     elif args.command == "run":
         launch(args)
+    elif args.command == "icl-noise":
+        icl_noise(args.run, args.data)
     else:
         table(args.folder)
 
