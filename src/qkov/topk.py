@@ -21,7 +21,7 @@ Bound, then compute what the bound cannot rule out (branch and bound):
   columns, bounds, per-leaf passes) costs more per entry than streaming the product. So before any
   of it, a first ``tau`` (the ``k``-th best entry between the rows and columns of the largest
   norms of the factors: a lower bound on the answer's) is held against bounds, and the product is
-  streamed whole, in cache-sized row blocks screened and decided as below, when the search would
+  streamed whole, in cache-sized tiles screened and decided as below, when the search would
   screen more than :data:`LIVE_LIMIT` (20%) of the entries: as sampled rows' bounds on entries say
   (no leaves needed, nor the whole product's basis: that of :data:`DECISION_ROWS` evenly spaced
   rows and columns, so that a flat product is streamed after a few milliseconds), then as the
