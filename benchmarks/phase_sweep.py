@@ -103,7 +103,8 @@ def train_one(data_dir: Path, out: Path, layers: int, seed: int, overrides: dict
 def launch(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     plan = PLANS[args.plan]
-    runs = [(f"{name}-s{seed}", layers, seed, o) for name, layers, o in plan for seed in args.seeds]
+    # Seed by seed, so that a deadline leaves whole seeds (a 2-layer run with its control) finished.
+    runs = [(f"{name}-s{seed}", layers, seed, o) for seed in args.seeds for name, layers, o in plan]
     started, waiting, active = time.time(), list(runs), {}
     while waiting or active:
         while waiting and len(active) < args.parallel:
