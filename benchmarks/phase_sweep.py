@@ -46,6 +46,8 @@ from qkov.training_log import METRICS_FILE, read_training_log
 
 VOCABS = (4096, 2048)
 SEEDS = (0, 1, 2)
+# Contiguous blocks of held-out windows whose means give the ICL score's standard error.
+BLOCKS = 20
 # A constant-rate run keeps the same trajectory whatever its length, so its warm-up is fixed (the
 # default recipe's 5% of 24,000 steps) and its step count is only where it stops.
 CONSTANT = {"schedule": "constant", "warmup_steps": 1200}
@@ -168,25 +170,33 @@ def table(folder: Path) -> None:
         print(f"{run.name:28} " + " ".join(cells))
 
 
-def icl_noise(run: Path, data: Path) -> None:
+def icl_noise(run: Path, data: Path, stride: int | None) -> None:
     """How precisely the held-out split measures a run's in-context-learning score: the score
-    (``qkov.evaluation.icl_positions``: loss at the late position minus the early one) on every
-    disjoint held-out window of ``n_ctx + 1`` tokens, its spread between windows, and its standard
-    error at the run's own number of evaluation windows and at every window the split holds."""
+    (``qkov.evaluation.icl_positions``: loss at the late position minus the early one) on held-out
+    windows of ``n_ctx + 1`` tokens starting every ``stride`` tokens (disjoint by default), its spread
+    between windows, and its standard error at the run's own number of evaluation windows and at
+    every window the split holds.
+
+    Overlapping windows (a ``stride`` below ``n_ctx + 1``) score different target tokens at the two
+    positions, but neighbouring windows read the same text, so their scores are not independent; the
+    standard error over them is taken from the means of ``BLOCKS`` contiguous blocks of windows
+    (batch means), which holds either way, and for disjoint windows is printed beside the usual one."""
     model = qkov.load(run).requires_grad_(False)
     vocab, (early, late) = model.cfg.d_vocab, icl_positions(model.cfg.n_ctx)
     held_out = torch.from_numpy(np.load(data / f"tokens-{vocab}.eval.npy").astype(np.int64))
     length = model.cfg.n_ctx + 1
-    windows = held_out[: len(held_out) // length * length].view(-1, length)
+    windows = held_out.unfold(0, length, stride or length)
     with torch.no_grad():
         losses = torch.cat([token_losses(model(w[:, :-1]), w[:, 1:]) for w in windows.split(16)])
     scores = (losses[:, late] - losses[:, early]).double()
+    blocks = scores[: len(scores) // BLOCKS * BLOCKS].view(BLOCKS, -1).mean(1)
     used = json.loads((run / "train_config.json").read_text())["eval_tokens"] // model.cfg.n_ctx
     spread = float(scores.std())
-    print(f"{run.name}: ICL score (loss[{late}] - loss[{early}]) on {len(windows)} disjoint held-out windows "
-          f"{float(scores.mean()):+.3f}, spread {spread:.2f} nats between windows; standard error "
-          f"{spread / used**0.5:.3f} at the run's {used} windows, {spread / len(windows) ** 0.5:.3f} at all "
-          f"{len(windows)}")  # fmt: skip
+    print(f"{run.name}: ICL score (loss[{late}] - loss[{early}]) on {len(windows)} held-out windows "
+          f"{stride or length} tokens apart {float(scores.mean()):+.3f}, spread {spread:.2f} nats between "
+          f"windows; standard error {spread / used**0.5:.3f} at the run's {used} windows, "
+          f"{spread / len(windows) ** 0.5:.3f} at all {len(windows)} if independent, "
+          f"{float(blocks.std()) / BLOCKS**0.5:.3f} from {BLOCKS} contiguous blocks")  # fmt: skip
 
 
 def main() -> None:
@@ -210,13 +220,14 @@ def main() -> None:
     noise = commands.add_parser("icl-noise")
     noise.add_argument("run", type=Path)
     noise.add_argument("data", type=Path)
+    noise.add_argument("--stride", type=int, help="tokens between window starts (default: disjoint windows)")
     args = parser.parse_args()
     if args.command == "export":
         export(args.data)
     elif args.command == "run":
         launch(args)
     elif args.command == "icl-noise":
-        icl_noise(args.run, args.data)
+        icl_noise(args.run, args.data, args.stride)
     else:
         table(args.folder)
 
