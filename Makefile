@@ -39,7 +39,7 @@ chromium:
 test: setup chromium
 	$(BIN)/python -m pytest -m "slow or not slow"
 	$(MAKE) test-tl4
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks studies
 
 ## The documentation site: every tutorial executed in a kernel, every warning an error; then a check
 ## that no page loads anything from the network. Open docs/_build/html/index.html.

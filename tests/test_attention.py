@@ -34,7 +34,6 @@ def test_attention_reads_every_form_of_patterns_with_the_reports_numbers(inducti
     assert "attention-viewer" in from_model
 
 
-
 def test_bad_patterns_are_one_clear_error(induction):
     with pytest.raises(qkov.QkovError, match=r"L0H0's pattern is \[3, 3\], expected \[4, 4\] for 4 tokens"):
         qkov.view.attention(list("abcd"), {"L0H0": torch.eye(3)})
@@ -42,7 +41,6 @@ def test_bad_patterns_are_one_clear_error(induction):
         qkov.view.attention(list("abcd"), "not patterns")
     with pytest.raises(qkov.QkovError, match="no tokenizer"):
         qkov.view.attention(induction, "some text")
-
 
 
 def test_heads_of_a_model_are_analyzes_numbers(induction):

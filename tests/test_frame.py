@@ -29,7 +29,6 @@ def test_token_text_is_escaped_and_each_output_has_its_own_id():
     assert ".qkov-view table" in first and "\nbody" not in first  # the stylesheet styles the view only
 
 
-
 def test_a_saved_view_is_one_self_contained_file(tmp_path, induction):
     file = qkov.view.attention(induction, torch.arange(12), "the first 12 tokens").save(tmp_path / "a.html")
     page = file.read_text()

@@ -188,8 +188,6 @@ def test_bad_source_gives_one_line_and_exit_status_2(tmp_path, capsys, kind):
         qkov.interop.import_checkpoint(tmp_path / "src", tmp_path / "out")
 
 
-
-
 def test_folder_kind_tells_the_sources_apart_by_their_config(tmp_path):
     gpt2_folder(tmp_path / "gpt2", tokenizer=False)
     save_transformer_lens(tl_model(True), tmp_path / "tl")

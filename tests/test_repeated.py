@@ -83,4 +83,3 @@ def test_the_hand_built_induction_model_scores_where_it_was_built_to():
     first, second, third = result.loss_per_repeat
     assert first == pytest.approx(21.0, abs=0.05) and second < 1e-6 and third < 1e-6
     assert result.previous_token_heads == ["L0H0"] and result.induction_heads == ["L1H0"]
-

@@ -24,7 +24,6 @@ def test_every_result_type_has_an_inline_view():
         assert callable(getattr(cls, "_repr_html_", None)), cls
 
 
-
 def test_a_result_without_its_results_shows_its_section_or_its_fields():
     model = skip_trigram_model([(1, 2, 3), (1, 4, 5)])
     done = run_steps(model, ["skip_trigrams", "repeated_tokens", "copying"])
@@ -40,7 +39,6 @@ def test_a_result_without_its_results_shows_its_section_or_its_fields():
     assert IdStrings()[7] == "#7"
 
 
-
 def test_results_show_every_analysis_folded_under_its_title():
     model = skip_trigram_model([(1, 2, 3), (1, 4, 5)])
     done = run_steps(model, ["skip_trigrams", "repeated_tokens", "copying", "copying_direct"])
@@ -50,7 +48,6 @@ def test_results_show_every_analysis_folded_under_its_title():
         assert f"<summary>{title}" in html
     assert "<b>trained by qkov</b>" in html and ">t1</span>" in html
     assert "blocks.0.attn.W_Q" in model._repr_html_() and "[3, 16, 16]" in model._repr_html_()
-
 
 
 def test_path_terms_are_the_same_dict_and_show_as_bars(induction):

@@ -30,8 +30,6 @@ def test_transformer_lens_logits_agree_unfolded_and_folded(dtype, tolerance, att
     torch.testing.assert_close(to_hooked_transformer(model)(TOKENS), theirs, rtol=0, atol=tolerance)
 
 
-
-
 @pytest.mark.parametrize("attn_only", [True, False])
 def test_a_saved_folder_imports_as_the_model_it_was_saved_from(tmp_path, attn_only):
     hooked = tl_model(attn_only).to(torch.float64)

@@ -20,6 +20,16 @@ CHUNK_BYTES = 16 * 2**20  # logits of one chunk: 16 MiB, which stay in the last-
 GPU_CHUNK_BYTES = 2**30
 
 
+def shifted_exp_(
+    logits: Float[Tensor, "rows d_vocab"],
+) -> tuple[Float[Tensor, "rows d_vocab"], Float[Tensor, "rows 1"], Float[Tensor, "rows 1"]]:
+    """``logits`` overwritten by ``exp(logits - row max)`` in place (one pass, no temporaries), with
+    its row sums and the row maxima: the logsumexp is ``max + log(sum)``, the softmax ``exp / sum``."""
+    row_max = logits.amax(dim=-1, keepdim=True)
+    exps = logits.sub_(row_max).exp_()
+    return exps, exps.sum(dim=-1, keepdim=True), row_max
+
+
 class _UnembedCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``resid @ W_U + b_U`` against ``targets``; the gradients are formed
     in the forward pass, chunk by chunk, and scaled in the backward."""
@@ -44,9 +54,7 @@ class _UnembedCrossEntropy(torch.autograd.Function):
             if b_U is not None:
                 logits += b_U
             target_logits = logits.gather(1, t[:, None])[:, 0]
-            row_max = logits.amax(dim=-1, keepdim=True)
-            probs = logits.sub_(row_max).exp_()  # in place: one pass, no temporaries
-            sums = probs.sum(dim=-1, keepdim=True)
+            probs, sums, row_max = shifted_exp_(logits)
             total += (row_max[:, 0] + sums[:, 0].log() - target_logits).sum()  # logsumexp - target
             if grads is None:
                 continue

@@ -249,6 +249,7 @@ def _terms(model: AttnOnlyTransformer, run: _LastMLP) -> Iterator[tuple[str, Ten
         constant = normalized(model.ln_final, torch.zeros_like(run.resid_mid[..., :1, :])) @ model.W_U
         yield "constant", constant if model.b_U is None else constant + model.b_U
 
+
 def next_token_targets(tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
     """Each position's next token as its target (``IGNORE`` at the last position)."""
     return torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], IGNORE)], dim=1)

@@ -42,6 +42,7 @@ from qkov.data.user_tokens import IGNORE
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
+from qkov.loss import shifted_exp_
 from qkov.model import AttnOnlyTransformer, LayerNorm
 from qkov.names import head_name, hook_name, norm_name, parse_head, scale_hook
 
@@ -271,8 +272,8 @@ def _target_loss(
         if model.b_U is not None:
             logits += model.b_U
         chosen = logits.gather(1, wanted[first : first + UNEMBED_ROWS, None])[:, 0]
-        top = logits.amax(1, keepdim=True)
-        lse = logits.sub_(top).exp_().sum(1).log_() + top[:, 0]
+        _, sums, top = shifted_exp_(logits)
+        lse = sums[:, 0].log_() + top[:, 0]
         total += (lse - chosen).sum(dtype=torch.float64)
     return float(total / len(final))
 
