@@ -39,8 +39,10 @@ from qkov.data.shards import sampled_tokenizer, sharded_tokens
 from qkov.data.sources import CorpusFiles
 from qkov.data.tokens import TokenSplits
 from qkov.evaluation import icl_positions
+from qkov.io import atomic_write_text
 from qkov.loss import token_losses
 from qkov.recipes import recipe
+from qkov.report.svg import line_chart
 from qkov.train import Trainer
 from qkov.training_log import METRICS_FILE, read_training_log
 
@@ -170,6 +172,20 @@ def table(folder: Path) -> None:
         print(f"{run.name:28} " + " ".join(cells))
 
 
+def figures(folder: Path, stem: Path) -> None:
+    """The induction score and the ICL score of every run in ``folder`` against tokens seen (log
+    scale), as ``{stem}-induction.svg`` and ``{stem}-icl.svg``."""
+    runs = sorted(run for run in folder.iterdir() if (run / METRICS_FILE).is_file())
+    logs = {run.name: read_training_log(run) for run in runs}
+    for field, title in (("induction_score", "induction score"), ("icl_score", "ICL score (nats)")):
+        series = {name: [(p.tokens, getattr(p, field)) for p in log] for name, log in logs.items()}
+        label = f"{title} during training, {folder.name}"
+        chart = line_chart(series, "tokens seen", title, label=label, log_x=True)
+        path = stem.with_name(f"{stem.name}-{field.split('_')[0]}.svg")
+        atomic_write_text(path, chart)
+        print(f"figure: {path}")
+
+
 def icl_noise(run: Path, data: Path, stride: int | None) -> None:
     """How precisely the held-out split measures a run's in-context-learning score: the score
     (``qkov.evaluation.icl_positions``: loss at the late position minus the early one) on held-out
@@ -216,7 +232,9 @@ def main() -> None:
     run.add_argument("--parallel", type=int, default=1)
     run.add_argument("--threads", type=int, default=2, help="CPU threads per run")
     run.add_argument("--deadline", type=float, default=math.inf, help="seconds; unfinished runs stop then")
-    commands.add_parser("table").add_argument("folder", type=Path)
+    tables = commands.add_parser("table")
+    tables.add_argument("folder", type=Path)
+    tables.add_argument("--figures", type=Path, help="also write STEM-induction.svg and STEM-icl.svg")
     noise = commands.add_parser("icl-noise")
     noise.add_argument("run", type=Path)
     noise.add_argument("data", type=Path)
@@ -230,6 +248,8 @@ def main() -> None:
         icl_noise(args.run, args.data, args.stride)
     else:
         table(args.folder)
+        if args.figures:
+            figures(args.folder, args.figures)
 
 
 if __name__ == "__main__":
