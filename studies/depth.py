@@ -11,7 +11,7 @@ first-order split by layer. Three commands:
 
     python studies/depth.py train --layers L --seed S --out DIR [--width cpu|paper|tiny] [--device cuda]
     python studies/depth.py measure DIR [DIR ...] --out FILE.json [--windows 64] [--device cuda]
-    python studies/depth.py table FILE.json [FILE.json ...] [--figure FILE.svg]
+    python studies/depth.py table FILE.json [FILE.json ...] [--figure FILE.svg [--budget TOKENS]]
 
 ``train`` trains one model (one locked command each on a shared machine); ``measure`` appends one
 JSON line per model; ``table`` prints the depth x order table of marginal nats (ranges over seeds)
@@ -165,7 +165,8 @@ def table(args: argparse.Namespace) -> None:
     for row in rows:
         groups[(row["layers"], row["tokens_trained"])].append(row)
     budgets = [r["tokens_trained"] for r in rows]
-    budget = max(set(budgets), key=budgets.count)  # the figure: the recipe most models were trained with
+    # the figure: the budget asked for, else the one most models were trained with
+    budget = args.budget or max(set(budgets), key=budgets.count)
     series: dict[str, list[tuple[float, float]]] = {}
     for kind in ("text", "repeated"):
         print(f"\n{rows[0][kind]['tokens'].split(' (')[0]}: marginal nats by order (range over seeds)\n")
@@ -203,6 +204,7 @@ def main() -> None:
     p = sub.add_parser("table", help="the depth x order table and the figure")
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--figure", type=Path)
+    p.add_argument("--budget", type=int, help="the figure's models: those trained on this many tokens")
     p.set_defaults(run=table)
     args = parser.parse_args()
     args.run(args)
