@@ -12,6 +12,7 @@ default recipe for its depth with the run's overrides. Runs go ``--parallel`` at
     python benchmarks/phase_sweep.py table runs                            # onset, width, scores
     python benchmarks/phase_sweep.py run .sweepdata --out runs1024 --plan ctx1024  # the paper's context
     python benchmarks/phase_sweep.py icl-noise runs1024/ctx1024-2layer-s0 .sweepdata  # the score's precision
+    python benchmarks/phase_sweep.py icl-noise RUN .sweepdata --stride 64 --control CONTROL_RUN
 
 A run's name is ``{plan entry}-s{seed}``; ``table`` judges each 2-layer run by the phase-change rule
 (:mod:`qkov.circuits.phase_change`, with the 1-layer run of its seed as control) and prints the
@@ -186,17 +187,10 @@ def figures(folder: Path, stem: Path) -> None:
         print(f"figure: {path}")
 
 
-def icl_noise(run: Path, data: Path, stride: int | None) -> None:
-    """How precisely the held-out split measures a run's in-context-learning score: the score
-    (``qkov.evaluation.icl_positions``: loss at the late position minus the early one) on held-out
-    windows of ``n_ctx + 1`` tokens starting every ``stride`` tokens (disjoint by default), its spread
-    between windows, and its standard error at the run's own number of evaluation windows and at
-    every window the split holds.
-
-    Overlapping windows (a ``stride`` below ``n_ctx + 1``) score different target tokens at the two
-    positions, but neighbouring windows read the same text, so their scores are not independent; the
-    standard error over them is taken from the means of ``BLOCKS`` contiguous blocks of windows
-    (batch means), which holds either way, and for disjoint windows is printed beside the usual one."""
+def window_scores(run: Path, data: Path, stride: int | None) -> tuple[torch.Tensor, tuple[int, int]]:
+    """A run's in-context-learning score (``qkov.evaluation.icl_positions``: loss at the late
+    position minus the early one) on each held-out window of ``n_ctx + 1`` tokens, the windows
+    starting every ``stride`` tokens (disjoint by default); and the two positions."""
     model = qkov.load(run).requires_grad_(False)
     vocab, (early, late) = model.cfg.d_vocab, icl_positions(model.cfg.n_ctx)
     held_out = torch.from_numpy(np.load(data / f"tokens-{vocab}.eval.npy").astype(np.int64))
@@ -204,15 +198,36 @@ def icl_noise(run: Path, data: Path, stride: int | None) -> None:
     windows = held_out.unfold(0, length, stride or length)
     with torch.no_grad():
         losses = torch.cat([token_losses(model(w[:, :-1]), w[:, 1:]) for w in windows.split(16)])
-    scores = (losses[:, late] - losses[:, early]).double()
+    return (losses[:, late] - losses[:, early]).double(), (early, late)
+
+
+def block_error(scores: torch.Tensor) -> float:
+    """The standard error of ``scores``' mean from the means of ``BLOCKS`` contiguous blocks (batch
+    means): it holds when neighbouring windows overlap, and are so not independent."""
     blocks = scores[: len(scores) // BLOCKS * BLOCKS].view(BLOCKS, -1).mean(1)
-    used = json.loads((run / "train_config.json").read_text())["eval_tokens"] // model.cfg.n_ctx
+    return float(blocks.std()) / BLOCKS**0.5
+
+
+def icl_noise(run: Path, data: Path, stride: int | None, control: Path | None) -> None:
+    """How precisely the held-out split measures a run's in-context-learning score: the score on
+    every held-out window (:func:`window_scores`), its spread between windows, and its standard error
+    at the run's own number of evaluation windows, at every window the split holds as if they were
+    independent, and from contiguous blocks (:func:`block_error`, which holds for overlapping windows
+    too). With ``control``, also the run's score minus the control's, window by window: both read the
+    same tokens, so which tokens were drawn cancels out of the difference."""
+    scores, (early, late) = window_scores(run, data, stride)
+    n_ctx = json.loads((run / "config.json").read_text())["n_ctx"]
+    used = json.loads((run / "train_config.json").read_text())["eval_tokens"] // n_ctx
     spread = float(scores.std())
-    print(f"{run.name}: ICL score (loss[{late}] - loss[{early}]) on {len(windows)} held-out windows "
-          f"{stride or length} tokens apart {float(scores.mean()):+.3f}, spread {spread:.2f} nats between "
-          f"windows; standard error {spread / used**0.5:.3f} at the run's {used} windows, "
-          f"{spread / len(windows) ** 0.5:.3f} at all {len(windows)} if independent, "
-          f"{float(blocks.std()) / BLOCKS**0.5:.3f} from {BLOCKS} contiguous blocks")  # fmt: skip
+    print(f"{run.name}: ICL score (loss[{late}] - loss[{early}]) on {len(scores)} held-out windows"
+          f"{f' {stride} tokens apart' if stride else ''} {float(scores.mean()):+.3f}, spread {spread:.2f} "
+          f"nats between windows; standard error {spread / used**0.5:.3f} at the run's {used} windows, "
+          f"{spread / len(scores) ** 0.5:.3f} at all {len(scores)} if independent, "
+          f"{block_error(scores):.3f} from {BLOCKS} contiguous blocks")  # fmt: skip
+    if control is not None:
+        difference = scores - window_scores(control, data, stride)[0]
+        print(f"  minus {control.name}'s on the same windows: {float(difference.mean()):+.3f}, "
+              f"standard error {block_error(difference):.3f} from {BLOCKS} contiguous blocks")  # fmt: skip
 
 
 def main() -> None:
@@ -239,13 +254,14 @@ def main() -> None:
     noise.add_argument("run", type=Path)
     noise.add_argument("data", type=Path)
     noise.add_argument("--stride", type=int, help="tokens between window starts (default: disjoint windows)")
+    noise.add_argument("--control", type=Path, help="a run whose score to subtract, window by window")
     args = parser.parse_args()
     if args.command == "export":
         export(args.data)
     elif args.command == "run":
         launch(args)
     elif args.command == "icl-noise":
-        icl_noise(args.run, args.data, args.stride)
+        icl_noise(args.run, args.data, args.stride, args.control)
     else:
         table(args.folder)
         if args.figures:
