@@ -9,13 +9,14 @@ number), in chunks of 32 windows averaged: every figure is a sum over positions 
 number, and the chunks are the same size, so the chunks' mean is the whole text's. It prints one
 row per model, with its training seed, and the machine.
 
-    python studies/bug_cost.py CKPT [CKPT ...] [--windows N] [--seed 0]
+    python studies/bug_cost.py CKPT [CKPT ...] [--windows N] [--seed 0] [--figure FILE.svg]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from qkov.analyze import run_steps
 from qkov.circuits.bug_cost import bug_cost
 from qkov.data.shards import corpus_tokens
 from qkov.interop.fold import circuit_model
+from qkov.io import atomic_write_text
+from qkov.report.svg import COLOURS, scatter
 
 CHUNK = 32  # windows per bug_cost call: its float64 logits stay near 0.1 GB at 2048 tokens
 
@@ -94,11 +97,43 @@ def by_capacity(rows: list[dict]) -> None:
         )
 
 
+def figure(rows: list[dict], path: Path) -> None:
+    """Each model's cost against the positions its bugged terms fired at, both on log scales, one
+    colour per shape and training length, each point named by its model."""
+    group = lambda r: (r["heads x d_head"], r["vocab"], r["tokens (M)"])  # noqa: E731
+    groups = list(dict.fromkeys(group(r) for r in rows))
+    points = [
+        {
+            "x": math.log10(max(r["fires"], 1)),
+            "y": math.log10(max(r["cost"], 1e-12)),
+            "text": r["model"],
+            "label": f"{r['model']}: {r['cost']:.2e} nats/token, {r['fires']} positions",
+            "colour": COLOURS[groups.index(group(r)) % len(COLOURS)],
+        }
+        for r in rows
+    ]
+    xs, ys = [p["x"] for p in points], [p["y"] for p in points]
+    chart = scatter(
+        points,
+        "log10 positions fired (of the held-out text)",
+        "log10 cost (nats per token)",
+        (math.floor(min(xs)), math.ceil(max(xs))),
+        (math.floor(min(ys)), math.ceil(max(ys))),
+        label="skip-trigram bug cost against the positions the bugged terms fire at",
+        width=560,
+        height=340,
+        zero_lines=False,
+    )
+    atomic_write_text(path, chart)
+    print(f"\nfigure: {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", type=Path)
     parser.add_argument("--windows", type=int, default=None, help="at most this many windows")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--figure", type=Path, help="write the cost-against-firings scatter here (SVG)")
     args = parser.parse_args()
     print(f"machine: {machine()}")
     print(f"held-out text: the eval split in consecutive windows of n_ctx tokens; analyze seed {args.seed}\n")
@@ -128,6 +163,8 @@ def main() -> None:
             f"{head} {s[a]!r} … {s[b]!r} → {s[c]!r} {cost:.2e}" for (head, a, b, c), cost in r["top"]
         )
         print(f"  {r['model']}: {listed}")
+    if args.figure:
+        figure(rows, args.figure)
 
 
 if __name__ == "__main__":
