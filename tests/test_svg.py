@@ -13,6 +13,7 @@ from qkov.report.svg import (
     diverging_rgb,
     esc,
     heatmap,
+    line_chart,
     saturation,
     sequential,
     training_heatmap,
@@ -83,3 +84,9 @@ def test_the_circuit_diagram_draws_each_edge_by_kind_and_escapes_labels():
     assert drawn[:2] == [(EDGE_COLOURS["K"], "4.8"), (EDGE_COLOURS["V"], "1.8")]  # 0.8 + 5 |weight|
     assert svg.count('stroke-dasharray="5 3"') == 1  # the negative edge
     assert "L0H0 → L1H0 K: +0.80" in svg
+
+
+def test_a_line_chart_draws_a_single_point_series_as_a_dot():
+    chart = line_chart({"two": [(1.0, 0.5), (2.0, 1.0)], "one": [(2.0, -0.5)]}, "x", "y")
+    assert chart.count("<polyline") == 2
+    assert chart.count("<circle") == 1

@@ -192,6 +192,9 @@ def line_chart(
         colour = COLOURS[i % len(COLOURS)]
         path = " ".join(f"{axes.x(x):.1f},{axes.y(y):.1f}" for x, y in values)
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" points="{path}"/>')
+        if len(values) == 1:  # a polyline through one point draws nothing
+            ((x, y),) = values
+            parts.append(f'<circle cx="{axes.x(x):.1f}" cy="{axes.y(y):.1f}" r="3" fill="{colour}"/>')
         parts.append(_text(axes.width + 4, axes.top + 14 + 14 * i, esc(name), extra=f' fill="{colour}"'))
     return _svg(axes.width + 170, axes.height, parts, label)  # the legend right of the plot
 
