@@ -150,6 +150,7 @@ def print_table(kind: str, groups: dict[tuple[int, int], list[dict]]) -> None:
     header += [f"order {n}" for n in range(1, deepest + 1)] + ["first order by layer (L0; L1; ...)"]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for (depth, tokens), found in sorted(groups.items()):
+        found = sorted(found, key=lambda r: r["seed"])
         cells = [str(depth), f"{tokens / 1e6:.3g}", ", ".join(str(r["seed"]) for r in found)]
         cells += [_range([r[kind]["loss_by_order"][i] for r in found]) for i in (0, -1)]
         marginal = [[r[kind]["marginal"][n] for r in found] for n in range(depth)]
