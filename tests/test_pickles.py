@@ -69,10 +69,11 @@ def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path, caps
     tl_config(tmp_path / "src")
     marker = tmp_path / "marker"
     torch.save(zero_layer_state() | {"W_E": RunsCode(marker)}, tmp_path / "src" / "model.pt")
-    # the payload is real: an unrestricted unpickler runs it (into another marker)
+    # the payload is real: the call an unpickler makes from its reduction creates a file (shown on
+    # another marker, by making that call directly rather than unpickling anything)
     control = tmp_path / "control-marker"
-    torch.save({"x": RunsCode(control)}, tmp_path / "control.pt")
-    torch.load(tmp_path / "control.pt", weights_only=False)
+    call, args = RunsCode(control).__reduce__()
+    call(*args).close()
     assert control.exists()
     err = one_line_error(capsys, ["import", str(tmp_path / "src"), "--out", str(tmp_path / "out")])
     assert re.search(r"model\.pt: refused: the pickle would call \S*open, .* nothing was run", err), err
