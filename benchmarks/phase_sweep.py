@@ -56,8 +56,8 @@ BLOCKS = 20
 CONSTANT = {"schedule": "constant", "warmup_steps": 1200}
 # The paper's context: Olsson et al.'s in-context-learning score is the loss at token 500 minus the
 # loss at token 50 of 1024 (``qkov.evaluation.icl_positions``). One sequence of 1024 tokens a step
-# keeps the default recipe's 1024 tokens a step; four times the held-out tokens (128 windows) keep
-# the 1-layer control's score out of the noise that 32 windows leave it in.
+# keeps the default recipe's 1024 tokens a step; four times the held-out tokens (127 windows) keep
+# the 1-layer control's score out of the noise that 31 windows leave it in.
 CTX1024 = {"n_ctx": 1024, "batch_size": 1, "eval_tokens": 4 * 32768}
 PLANS: dict[str, list[tuple[str, int, dict]]] = {
     "phase": [
@@ -217,7 +217,8 @@ def icl_noise(run: Path, data: Path, stride: int | None, control: Path | None) -
     same tokens, so which tokens were drawn cancels out of the difference."""
     scores, (early, late) = window_scores(run, data, stride)
     n_ctx = json.loads((run / "config.json").read_text())["n_ctx"]
-    used = json.loads((run / "train_config.json").read_text())["eval_tokens"] // n_ctx
+    # as qkov.evaluation.evaluation_inputs draws them: whole windows of n_ctx + 1 tokens
+    used = json.loads((run / "train_config.json").read_text())["eval_tokens"] // (n_ctx + 1)
     spread = float(scores.std())
     print(f"{run.name}: ICL score (loss[{late}] - loss[{early}]) on {len(scores)} held-out windows"
           f"{f' {stride} tokens apart' if stride else ''} {float(scores.mean()):+.3f}, spread {spread:.2f} "
