@@ -37,6 +37,7 @@ LAYERS = (
         "machine",
         "distributed",
         "pickles",
+        "rotary",
     }
     | {"training_log"},
     {"model", "checkpoint", "data"},

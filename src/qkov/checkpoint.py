@@ -27,26 +27,16 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def expected_shapes(cfg: Config) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    """The tensors a checkpoint of ``cfg`` must hold, and the optional biases (absent = zero).
-    LayerNorm's ``w`` and ``b`` are required with ``normalization="LN"`` (they are the norm)."""
-    h, d, e, v = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_vocab
-    required: dict[str, tuple[int, ...]] = {"W_E": (v, d), "W_U": (d, cfg.d_out)}
-    optional: dict[str, tuple[int, ...]] = {"b_U": (cfg.d_out,)}
-    if cfg.has_positions:
-        required["W_pos"] = (cfg.n_ctx, d)
-    affine_norms = ["ln_final"] if cfg.normalization == "LN" else []
-    for layer in range(cfg.n_layers):
-        p = f"blocks.{layer}.attn."
-        required |= {p + "W_Q": (h, d, e), p + "W_K": (h, d, e), p + "W_V": (h, d, e), p + "W_O": (h, e, d)}
-        optional |= {p + "b_Q": (h, e), p + "b_K": (h, e), p + "b_V": (h, e), p + "b_O": (d,)}
-        if cfg.has_mlp:
-            m = f"blocks.{layer}.mlp."
-            required |= {m + "W_in": (d, cfg.d_mlp), m + "W_out": (cfg.d_mlp, d)}
-            optional |= {m + "b_in": (cfg.d_mlp,), m + "b_out": (d,)}
-        if cfg.normalization == "LN":
-            affine_norms += [f"blocks.{layer}.ln1"] + ([f"blocks.{layer}.ln2"] if cfg.has_mlp else [])
-    for norm in affine_norms:
-        required |= {f"{norm}.w": (d,), f"{norm}.b": (d,)}
+    """The tensors a checkpoint of ``cfg`` must hold, and the optional biases (absent = zero): the
+    parameters of the model ``cfg`` describes, built without memory (on PyTorch's meta device).
+    A norm's ``w`` and ``b`` are required (they are the norm)."""
+    with torch.device("meta"):
+        model = Transformer(cfg, biases=True, init=False)
+    required: dict[str, tuple[int, ...]] = {}
+    optional: dict[str, tuple[int, ...]] = {}
+    for name, param in model.named_parameters():
+        bias = name.rsplit(".", 1)[-1].lstrip("_").startswith("b_")
+        (optional if bias else required)[name] = tuple(param.shape)
     return required, optional
 
 

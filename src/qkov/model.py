@@ -39,13 +39,17 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.loss import unembed_cross_entropy
 from qkov.names import hook_name, norm_name, scale_hook
+from qkov.rotary import frequencies, rotate
+
+
+_GROUPED = ("W_K", "W_V", "b_K", "b_V")
 
 
 class Attention(nn.Module):
@@ -57,66 +61,140 @@ class Attention(nn.Module):
     under a causal mask.
     """
 
-    def __init__(self, cfg: Config, biases: bool = False) -> None:
+    def __init__(self, cfg: Config, biases: bool = False, layer: int = 0) -> None:
         super().__init__()
-        h, d, e = cfg.n_heads, cfg.d_model, cfg.d_head
-        self.n_heads, self.d_head = h, e
+        h, d, e, kv = cfg.n_heads, cfg.d_model, cfg.d_head, cfg.n_kv_heads
+        self.n_heads, self.d_head, self.n_kv_heads, self.layer = h, e, kv, layer
+        self.cfg = cfg
+        # grouped-query attention keeps one key and value head per group (TransformerLens' _W_K,
+        # _W_V); W_K and W_V (properties) repeat them for every query head of the group
+        prefix = "_" if kv != h else ""
         self.W_Q = nn.Parameter(torch.empty(h, d, e))
-        self.W_K = nn.Parameter(torch.empty(h, d, e))
-        self.W_V = nn.Parameter(torch.empty(h, d, e))
+        setattr(self, prefix + "W_K", nn.Parameter(torch.empty(kv, d, e)))
+        setattr(self, prefix + "W_V", nn.Parameter(torch.empty(kv, d, e)))
         self.W_O = nn.Parameter(torch.empty(h, e, d))
-        if biases:
-            self.b_Q = nn.Parameter(torch.zeros(h, e))
-            self.b_K = nn.Parameter(torch.zeros(h, e))
-            self.b_V = nn.Parameter(torch.zeros(h, e))
-            self.b_O = nn.Parameter(torch.zeros(d))
-        else:
-            self.b_Q = self.b_K = self.b_V = self.b_O = None
+        self.b_Q = nn.Parameter(torch.zeros(h, e)) if biases else None
+        for name in ("b_K", "b_V"):
+            setattr(self, prefix + name, nn.Parameter(torch.zeros(kv, e)) if biases else None)
+        self.b_O = nn.Parameter(torch.zeros(d)) if biases else None
+        width = {"head": (e, e), "all": (h * e, kv * e)}.get(cfg.qk_norm)
+        self.q_norm = RMSNorm(cfg, width[0], affine=True) if width else None
+        self.k_norm = RMSNorm(cfg, width[1], affine=True) if width else None
+        self.rotary = Rotary(cfg, layer) if cfg.positional_embedding == "rotary" else None
+
+    @property
+    def group_size(self) -> int:
+        """How many query heads share one key and value head (1 without grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    def __getattr__(self, name: str):
+        """``W_K``, ``W_V``, ``b_K``, ``b_V`` per query head under grouped-query attention: the
+        group's stored ``_W_K`` (...) repeated for every query head of the group."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name not in _GROUPED:
+                raise
+        shared = getattr(self, "_" + name)
+        return None if shared is None else shared.repeat_interleave(self.group_size, dim=0)
+
+    def kv_params(self, name: str) -> Tensor | None:
+        """The stored key or value weight or bias (``"W_K"``, ``"b_V"``, ...): one per key/value head."""
+        return getattr(self, name if self.n_kv_heads == self.n_heads else "_" + name)
 
     def qkv(
         self, x: Float[Tensor, "batch pos d_model"], qk_positions: Float[Tensor, "pos d_model"] | None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values, each ``[batch, n_heads, pos, d_head]``.
+        """Queries, keys and values, each ``[batch, n_heads, pos, d_head]`` (keys and values repeated
+        over each group of query heads).
 
         Values read the stream ``x``; queries and keys read ``x + qk_positions`` (shortformer), computed
         as ``x @ W + qk_positions @ W`` so that all three projections are one matrix multiplication
-        and the positions' share is computed once for the whole batch.
+        and the positions' share is computed once for the whole batch. Then, when the model has
+        them, the query and key norms and the rotation by position.
         """
-        h = self.n_heads
-        W = rearrange(
-            torch.stack([self.W_Q, self.W_K, self.W_V]),
-            "k n_heads d_model d_head -> d_model (k n_heads d_head)",
-        )
-        q, k, v = rearrange(
-            x @ W, "batch pos (k n_heads d_head) -> k batch n_heads pos d_head", k=3, n_heads=h
-        ).unbind(0)
+        h, kv = self.n_heads, self.n_kv_heads
+        W = torch.cat(
+            [rearrange(w, "n_heads d_model d_head -> d_model (n_heads d_head)")
+             for w in (self.W_Q, self.kv_params("W_K"), self.kv_params("W_V"))], dim=1
+        )  # fmt: skip
+        sizes = [h * self.d_head, kv * self.d_head, kv * self.d_head]
+        q, k, v = (x @ W).split(sizes, dim=-1)
         if qk_positions is not None:
-            pos_q, pos_k = rearrange(
-                qk_positions @ W[:, : 2 * h * self.d_head],
-                "pos (k n_heads d_head) -> k n_heads pos d_head",
-                k=2,
-                n_heads=h,
-            ).unbind(0)
+            pos_q, pos_k = (qk_positions @ W[:, : sizes[0] + sizes[1]]).split(sizes[:2], dim=-1)
             q, k = q + pos_q, k + pos_k
+        q, k, v = (rearrange(t, "batch pos (n d_head) -> batch n pos d_head", d_head=self.d_head) for t in (q, k, v))
         if self.b_Q is not None:
-            q, k, v = q + self.b_Q[:, None, :], k + self.b_K[:, None, :], v + self.b_V[:, None, :]
-        return q, k, v
+            b_K, b_V = self.kv_params("b_K"), self.kv_params("b_V")
+            q, k, v = q + self.b_Q[:, None, :], k + b_K[:, None, :], v + b_V[:, None, :]
+        q, k = self._normed(q, self.q_norm), self._normed(k, self.k_norm)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        g = self.group_size
+        return q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+
+    def _normed(self, t: Float[Tensor, "batch n pos d_head"], norm: RMSNorm | None) -> Tensor:
+        """A query or key norm: per head over ``d_head``, or over all heads at once (``qk_norm="all"``)."""
+        if norm is None:
+            return t
+        if self.cfg.qk_norm == "head":
+            return norm(t)
+        n = t.shape[1]
+        flat = rearrange(t, "batch n pos d_head -> batch pos (n d_head)")
+        return rearrange(norm(flat), "batch pos (n d_head) -> batch n pos d_head", n=n)
+
+    @property
+    def scale(self) -> float:
+        """What the scores ``q . k`` are divided by: ``attn_scale`` (default ``sqrt(d_head)``), times
+        ``layer + 1`` with ``scale_attn_by_inverse_layer_idx``."""
+        base = self.cfg.attn_scale if self.cfg.attn_scale is not None else math.sqrt(self.d_head)
+        return base * (self.layer + 1 if self.cfg.scale_attn_by_inverse_layer_idx else 1)
+
+    @property
+    def plain(self) -> bool:
+        """Whether the pattern is the softmax of ``q . k / scale`` under a causal mask alone (the fast
+        path of :meth:`forward`)."""
+        cfg = self.cfg
+        return cfg.attention_dir == "causal" and cfg.window(self.layer) is None and not cfg.attn_scores_soft_cap
+
+    def mask(self, n: int, device: torch.device) -> Bool[Tensor, "dest src"]:
+        """Which sources each destination may read: ``src <= dest`` (causal), within the layer's
+        sliding window (``dest - src < window``), or every position (bidirectional)."""
+        dest, src = torch.arange(n, device=device)[:, None], torch.arange(n, device=device)[None, :]
+        allowed = torch.ones(n, n, dtype=torch.bool, device=device)
+        if self.cfg.attention_dir == "causal":
+            allowed &= src <= dest
+        window = self.cfg.window(self.layer)
+        if window is not None:
+            allowed &= (dest - src) < window
+        return allowed
+
+    def scores(
+        self, q: Float[Tensor, "batch n_heads dest d_head"], k: Float[Tensor, "batch n_heads src d_head"]
+    ) -> Float[Tensor, "batch n_heads dest src"]:
+        """The attention scores before the mask: ``q . k / scale``, soft-capped
+        (``cap * tanh(s / cap)``) when the model says so."""
+        scores = q @ k.transpose(-1, -2) / self.scale
+        cap = self.cfg.attn_scores_soft_cap
+        return scores if cap is None else cap * torch.tanh(scores / cap)
 
     def pattern(
         self, q: Float[Tensor, "batch n_heads dest d_head"], k: Float[Tensor, "batch n_heads src d_head"]
     ) -> Float[Tensor, "batch n_heads dest src"]:
-        """The attention pattern: softmax over ``src <= dest`` of ``q . k / sqrt(d_head)``."""
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
-        n = scores.shape[-1]
-        causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
-        return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        """The attention pattern: softmax over the allowed sources (:meth:`mask`) of :meth:`scores`."""
+        scores = self.scores(q, k)
+        allowed = self.mask(scores.shape[-1], scores.device)
+        return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
 
     def forward(
         self, x: Float[Tensor, "batch pos d_model"], qk_positions: Float[Tensor, "pos d_model"] | None
     ) -> Float[Tensor, "batch pos d_model"]:
         """The layer's total write to the residual stream (the fast path used in training)."""
         q, k, v = self.qkv(x, qk_positions)
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.plain:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / self.scale)
+        else:
+            z = self.pattern(q, k) @ v
         out = rearrange(z, "batch n_heads pos d_head -> batch pos (n_heads d_head)")
         out = out @ rearrange(self.W_O, "n_heads d_head d_model -> (n_heads d_head) d_model")
         return out if self.b_O is None else out + self.b_O
@@ -173,20 +251,25 @@ class LayerNorm(nn.Module):
     it only centres and divides by the scale (appendix "Handling Layer Normalization": the weight
     and bias fold into the next linear map, the scale does not)."""
 
-    def __init__(self, cfg: Config) -> None:
+    centre = True
+
+    def __init__(self, cfg: Config, width: int | None = None, affine: bool | None = None) -> None:
         super().__init__()
         self.eps = cfg.ln_eps
-        affine = cfg.normalization == "LN"
-        self.w = nn.Parameter(torch.ones(cfg.d_model)) if affine else None
-        self.b = nn.Parameter(torch.zeros(cfg.d_model)) if affine else None
+        width = width or cfg.d_model
+        affine = cfg.affine_norms if affine is None else affine
+        self.w = nn.Parameter(torch.ones(width)) if affine else None
+        self.b = nn.Parameter(torch.zeros(width)) if affine and self.centre else None
+
+    def _centred(self, x: Tensor) -> Tensor:
+        return x - x.mean(-1, keepdim=True) if self.centre else x
 
     def scale(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... 1"]:
-        centred = x - x.mean(-1, keepdim=True)
-        return (centred.square().mean(-1, keepdim=True) + self.eps).sqrt()
+        return (self._centred(x).square().mean(-1, keepdim=True) + self.eps).sqrt()
 
     def linear(self, x: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"]) -> Tensor:
         """The linear part with the scale given (frozen): ``(x - mean(x)) / scale * w``, no ``b``."""
-        out = (x - x.mean(-1, keepdim=True)) / scale
+        out = self._centred(x) / scale
         return out if self.w is None else out * self.w
 
     def forward(
@@ -197,29 +280,62 @@ class LayerNorm(nn.Module):
         return out if self.b is None else out + self.b
 
 
+class RMSNorm(LayerNorm):
+    """RMSNorm: ``x / scale(x) * w`` with ``scale(x) = sqrt(mean(x^2) + eps)``, no centring and no
+    bias (Llama, Gemma with its ``1 + w`` already added, Qwen, OLMo). TransformerLens' ``RMS`` and,
+    without ``w``, ``RMSPre``: only the per-position scale stays when ``w`` is folded."""
+
+    centre = False
+
+
+def make_norm(cfg: Config, width: int | None = None, affine: bool | None = None) -> LayerNorm:
+    """The model's kind of norm (LayerNorm or RMSNorm) over ``width`` (default ``d_model``)."""
+    return (RMSNorm if cfg.is_rms else LayerNorm)(cfg, width, affine)
+
+
+class Rotary(nn.Module):
+    """Rotary positions for one layer (:mod:`qkov.rotary`): rotates queries or keys by position."""
+
+    def __init__(self, cfg: Config, layer: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.register_buffer("freqs", frequencies(cfg, layer), persistent=False)
+
+    def forward(self, x: Float[Tensor, "batch n pos d_head"], start: int = 0) -> Tensor:
+        positions = torch.arange(start, start + x.shape[-2], dtype=torch.float64, device=x.device)
+        return rotate(x, positions[:, None] * self.freqs.to(x.device, torch.float64)[None, :], self.cfg)
+
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
     "gelu": F.gelu,
     "relu": F.relu,
+    "silu": F.silu,
 }
 
 
 class MLP(nn.Module):
     """A position-wise MLP: ``act(x W_in + b_in) W_out + b_out`` (the paper, column vectors:
-    ``W_out act(W_in x)``), ``W_in [d_model, d_mlp]``, ``W_out [d_mlp, d_model]``."""
+    ``W_out act(W_in x)``), ``W_in [d_model, d_mlp]``, ``W_out [d_mlp, d_model]``. Gated
+    (``gated_mlp``, SwiGLU and GeGLU): ``(act(x W_gate) * (x W_in + b_in)) W_out + b_out``."""
 
     def __init__(self, cfg: Config, biases: bool = False) -> None:
         super().__init__()
         self.act = ACTIVATIONS[cfg.act_fn]
+        self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp)) if cfg.gated_mlp else None
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if biases else None
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if biases else None
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    def post(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_mlp"]:
+        """The neurons' activations (TransformerLens' ``hook_post``)."""
         pre = x @ self.W_in
-        post = self.act(pre if self.b_in is None else pre + self.b_in)
-        out = post @ self.W_out
+        pre = pre if self.b_in is None else pre + self.b_in
+        return self.act(pre) if self.W_gate is None else self.act(x @ self.W_gate) * pre
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        out = self.post(x) @ self.W_out
         return out if self.b_out is None else out + self.b_out
 
 
@@ -230,14 +346,31 @@ def normalized(ln: LayerNorm | None, x: Tensor) -> Tensor:
 
 class Block(nn.Module):
     """A residual block: an attention layer (reading ``ln1(x)`` when the model has LayerNorm) and,
-    when ``d_mlp > 0``, an MLP (reading ``ln2(x)``). The paper's models have neither norm nor MLP."""
+    when ``d_mlp > 0``, an MLP (reading ``ln2(x)``). The paper's models have neither norm nor MLP.
+    With ``post_norms`` each sublayer's write passes through its own norm (``ln1_post``,
+    ``ln2_post``) before joining the stream; with ``parallel_attn_mlp`` both read the block's input."""
 
-    def __init__(self, cfg: Config, biases: bool = False) -> None:
+    def __init__(self, cfg: Config, biases: bool = False, layer: int = 0) -> None:
         super().__init__()
-        self.ln1 = LayerNorm(cfg) if cfg.has_layer_norm else None
-        self.attn = Attention(cfg, biases)
-        self.ln2 = LayerNorm(cfg) if cfg.has_layer_norm and cfg.has_mlp else None
+        pre, post = cfg.has_layer_norm and cfg.pre_norms, cfg.has_layer_norm and cfg.post_norms
+        self.parallel = cfg.parallel_attn_mlp
+        self.ln1 = make_norm(cfg) if pre else None
+        self.attn = Attention(cfg, biases, layer)
+        self.ln1_post = make_norm(cfg, affine=True) if post else None
+        self.ln2 = make_norm(cfg) if pre and cfg.has_mlp else None
         self.mlp = MLP(cfg, biases) if cfg.has_mlp else None
+        self.ln2_post = make_norm(cfg, affine=True) if post and cfg.has_mlp else None
+
+    def forward(
+        self, resid: Float[Tensor, "batch pos d_model"], qk_positions: Tensor | None
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The stream after the block (the fast path: no per-head writes are kept)."""
+        attn_out = normalized(self.ln1_post, self.attn(normalized(self.ln1, resid), qk_positions))
+        if self.mlp is None:
+            return resid + attn_out
+        mid = resid + attn_out
+        mlp_in = resid if self.parallel else mid
+        return mid + normalized(self.ln2_post, self.mlp(normalized(self.ln2, mlp_in)))
 
 
 ActivationCache = dict[str, Tensor]
@@ -258,8 +391,8 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
         self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model)) if cfg.has_positions else None
-        self.blocks = nn.ModuleList(Block(cfg, biases) for _ in range(cfg.n_layers))
-        self.ln_final = LayerNorm(cfg) if cfg.has_layer_norm else None
+        self.blocks = nn.ModuleList(Block(cfg, biases, layer) for layer in range(cfg.n_layers))
+        self.ln_final = make_norm(cfg) if cfg.has_layer_norm else None
         self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_out))  # d_vocab unless d_vocab_out says
         self.b_U = nn.Parameter(torch.zeros(cfg.d_out)) if biases else None
         self.tokenizer = None  # a tokenizers.Tokenizer, set by qkov.load when the checkpoint has one
@@ -322,17 +455,22 @@ class Transformer(nn.Module):
         return resid, positions
 
     def unembed(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        """Logits of a final residual stream: ``ln_final(resid) @ W_U + b_U``."""
+        """Logits of a final residual stream: ``ln_final(resid) @ W_U + b_U`` (soft-capped,
+        ``cap * tanh(logits / cap)``, when the model says so)."""
         logits = normalized(self.ln_final, resid) @ self.W_U
-        return logits if self.b_U is None else logits + self.b_U
+        return self.soft_capped(logits if self.b_U is None else logits + self.b_U)
+
+    def soft_capped(self, logits: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "... d_vocab"]:
+        """The final-logit soft-cap (Gemma 2): ``cap * tanh(logits / cap)``; the logits themselves
+        without one."""
+        cap = self.cfg.output_logits_soft_cap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def residual(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         """The final residual stream, before ``ln_final`` (the fast path: no per-head writes are kept)."""
         resid, qk_positions = self.embed(tokens)
         for block in self.blocks:
-            resid = resid + block.attn(normalized(block.ln1, resid), qk_positions)
-            if block.mlp is not None:
-                resid = resid + block.mlp(normalized(block.ln2, resid))
+            resid = block(resid, qk_positions)
         return resid
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
@@ -343,6 +481,9 @@ class Transformer(nn.Module):
         (so up to ``n_ctx + 1`` tokens per sequence), with the unembedding fused into the loss
         (no full logits tensor; see :mod:`qkov.loss`)."""
         tokens = self.check_tokens(tokens, max_pos=self.cfg.n_ctx + 1)
+        if self.cfg.output_logits_soft_cap is not None:  # the fused loss has no soft-cap
+            logits = self.unembed(self.residual(tokens[:, :-1]))
+            return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
         resid = normalized(self.ln_final, self.residual(tokens[:, :-1]))
         return unembed_cross_entropy(resid.flatten(0, 1), self.W_U, self.b_U, tokens[:, 1:].flatten())
 
@@ -412,17 +553,26 @@ class Transformer(nn.Module):
         writes, pattern = block.attn.head_writes(attn_in, qk_positions, frozen)
         if edit_writes is not None:
             writes = edit_writes(layer, writes)
+        bias = block.attn.b_O
+        if block.ln1_post is not None:  # the norm of the layer's whole write, split over its heads
+            total = writes.sum(dim=2) if bias is None else writes.sum(dim=2) + bias
+            scale = cache[scale_hook(norm_name(layer, "ln1_post"))] = block.ln1_post.scale(total)
+            writes = block.ln1_post.linear(writes, scale[..., None, :])
+            bias = block.ln1_post(torch.zeros_like(total) if bias is None else bias.expand_as(total), scale)
         cache[hook_name(layer, "pattern")] = pattern
         cache[hook_name(layer, "result")] = writes
-        resid = resid + writes.sum(dim=2)
-        if block.attn.b_O is not None:
-            resid = resid + block.attn.b_O
-        if block.mlp is not None:
-            cache[hook_name(layer, "resid_mid")] = resid
-            mlp_out = block.mlp(self._norm(block.ln2, resid, cache, norm_name(layer, "ln2")))
-            cache[hook_name(layer, "mlp_out")] = mlp_out
-            resid = resid + mlp_out
-        cache[hook_name(layer, "resid_post")] = resid
+        mid = resid + writes.sum(dim=2)
+        if bias is not None:
+            mid = mid + bias
+        if block.mlp is None:
+            cache[hook_name(layer, "resid_post")] = mid
+            return mid
+        cache[hook_name(layer, "resid_mid")] = mid
+        mlp_in = self._norm(block.ln2, resid if block.parallel else mid, cache, norm_name(layer, "ln2"))
+        mlp_out = cache[hook_name(layer, "mlp_out")] = self._norm(
+            block.ln2_post, block.mlp(mlp_in), cache, norm_name(layer, "ln2_post")
+        )
+        resid = cache[hook_name(layer, "resid_post")] = mid + mlp_out
         return resid
 
     @staticmethod
@@ -468,10 +618,12 @@ def init_weights(model: Transformer, generator: torch.Generator) -> None:
     if model.W_pos is not None:
         model.W_pos.copy_(sinusoidal_positions(cfg.n_ctx, cfg.d_model))
     for block in model.blocks:
-        for W in (block.attn.W_Q, block.attn.W_K, block.attn.W_V):
+        for W in (block.attn.W_Q, block.attn.kv_params("W_K"), block.attn.kv_params("W_V")):
             normal_(W, cfg.d_model**-0.5)
         normal_(block.attn.W_O, (cfg.n_heads * cfg.d_head * cfg.n_layers) ** -0.5)
         if block.mlp is not None:
+            if block.mlp.W_gate is not None:
+                normal_(block.mlp.W_gate, cfg.d_model**-0.5)
             normal_(block.mlp.W_in, cfg.d_model**-0.5)
             normal_(block.mlp.W_out, (cfg.d_mlp * cfg.n_layers) ** -0.5)
     normal_(model.W_U, 1.0 / cfg.d_model)
