@@ -159,7 +159,8 @@ class Config:
             windows = tuple(self.layer_windows)
             if len(windows) != self.n_layers or not all(w is None or _positive_int(w) for w in windows):
                 raise QkovError(
-                    f"config: layer_windows must list {self.n_layers} positive integers or nulls, got {windows!r}"
+                    f"config: layer_windows must list {self.n_layers} positive integers or nulls, "
+                    f"got {windows!r}"
                 )
             object.__setattr__(self, "layer_windows", windows)  # a JSON list becomes a hashable tuple
         kv = self.n_key_value_heads
@@ -172,11 +173,17 @@ class Config:
                 raise QkovError(f"config: {name} must be a positive number or null, got {value!r}")
         rd = self.rotary_dim
         if rd is not None and not (_positive_int(rd) and rd % 2 == 0 and rd <= self.d_head):
-            raise QkovError(f"config: rotary_dim must be an even integer in [2, d_head={self.d_head}], got {rd!r}")
+            raise QkovError(
+                f"config: rotary_dim must be an even integer in [2, d_head={self.d_head}], got {rd!r}"
+            )
         if self.positional_embedding == "rotary" and self.d_head % 2 and rd is None:
-            raise QkovError(f"config: rotary positions need an even d_head (or rotary_dim), got {self.d_head}")
+            raise QkovError(
+                f"config: rotary positions need an even d_head (or rotary_dim), got {self.d_head}"
+            )
         scaling = self.rotary_scaling
-        if scaling is not None and (not isinstance(scaling, dict) or scaling.get("rope_type") not in ROPE_TYPES):
+        if scaling is not None and (
+            not isinstance(scaling, dict) or scaling.get("rope_type") not in ROPE_TYPES
+        ):
             raise QkovError(
                 f"config: rotary_scaling must be null or a dict whose rope_type is one of "
                 f"{', '.join(ROPE_TYPES)}, got {scaling!r}"

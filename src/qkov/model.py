@@ -48,7 +48,6 @@ from qkov.loss import unembed_cross_entropy
 from qkov.names import hook_name, norm_name, scale_hook
 from qkov.rotary import frequencies, rotate
 
-
 _GROUPED = ("W_K", "W_V", "b_K", "b_V")
 
 
@@ -123,7 +122,9 @@ class Attention(nn.Module):
         if qk_positions is not None:
             pos_q, pos_k = (qk_positions @ W[:, : sizes[0] + sizes[1]]).split(sizes[:2], dim=-1)
             q, k = q + pos_q, k + pos_k
-        q, k, v = (rearrange(t, "batch pos (n d_head) -> batch n pos d_head", d_head=self.d_head) for t in (q, k, v))
+        q, k, v = (
+            rearrange(t, "batch pos (n d_head) -> batch n pos d_head", d_head=self.d_head) for t in (q, k, v)
+        )
         if self.b_Q is not None:
             b_K, b_V = self.kv_params("b_K"), self.kv_params("b_V")
             q, k, v = q + self.b_Q[:, None, :], k + b_K[:, None, :], v + b_V[:, None, :]
@@ -155,7 +156,9 @@ class Attention(nn.Module):
         """Whether the pattern is the softmax of ``q . k / scale`` under a causal mask alone (the fast
         path of :meth:`forward`)."""
         cfg = self.cfg
-        return cfg.attention_dir == "causal" and cfg.window(self.layer) is None and not cfg.attn_scores_soft_cap
+        return (
+            cfg.attention_dir == "causal" and cfg.window(self.layer) is None and not cfg.attn_scores_soft_cap
+        )
 
     def mask(self, n: int, device: torch.device) -> Bool[Tensor, "dest src"]:
         """Which sources each destination may read: ``src <= dest`` (causal), within the layer's

@@ -85,7 +85,9 @@ def rotate(
     return out
 
 
-def rotation(cfg: Config, offset: float, layer: int = 0, dtype=torch.float64) -> Float[Tensor, "d_head d_head"]:
+def rotation(
+    cfg: Config, offset: float, layer: int = 0, dtype=torch.float64
+) -> Float[Tensor, "d_head d_head"]:
     """``R(offset)``: the ``[d_head, d_head]`` matrix with ``(q R(i)) (k R(j))^T = q R(i - j) k^T``
     for ``offset = i - j`` (identity on the dimensions that do not rotate)."""
     eye = torch.eye(cfg.d_head, dtype=torch.float64)
