@@ -80,6 +80,8 @@ def read_tensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 def all_finite(tensor: torch.Tensor) -> bool:
     """No NaN or infinity: one pass (NaN propagates through min and max), several times faster than
     ``isfinite(tensor).all()`` on the CPU at GPT-2 size."""
+    if tensor.dtype.itemsize < 2:  # float8 has no min/max kernels: widen it (it is a quarter the size)
+        tensor = tensor.float()
     return tensor.numel() == 0 or bool(torch.isfinite(torch.stack(torch.aminmax(tensor))).all())
 
 
@@ -123,11 +125,18 @@ def load_tokenizer(path: str | os.PathLike, d_vocab: int | None = None) -> Token
     return tokenizer
 
 
+COMPUTE_DTYPES = (torch.float32, torch.float64)
+
+
 def model_from_tensors(cfg: Config, tensors: dict[str, torch.Tensor], source: str) -> Transformer:
-    """A model holding exactly ``tensors`` (validated), in their floating dtype, on their device."""
+    """A model holding exactly ``tensors`` (validated) on their device, in ``W_E``'s dtype when it is
+    float32 or float64, else in float32: half-precision and float8 weights (bfloat16 checkpoints,
+    the usual way models are shared now) are read exactly and computed in float32, since several
+    analyses (QR, eigenvalues) have no half-precision kernels and would lose digits in them."""
     biases = check_weights(cfg, tensors, source)
+    dtype = tensors["W_E"].dtype if tensors["W_E"].dtype in COMPUTE_DTYPES else torch.float32
     with torch.device(tensors["W_E"].device):
-        model = Transformer(cfg, biases=biases, init=False).to(tensors["W_E"].dtype)
+        model = Transformer(cfg, biases=biases, init=False).to(dtype)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, param in params.items():

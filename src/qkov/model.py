@@ -329,13 +329,17 @@ class MLP(nn.Module):
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if biases else None
+        self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp)) if biases and cfg.gated_mlp else None
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if biases else None
 
     def post(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_mlp"]:
         """The neurons' activations (TransformerLens' ``hook_post``)."""
         pre = x @ self.W_in
         pre = pre if self.b_in is None else pre + self.b_in
-        return self.act(pre) if self.W_gate is None else self.act(x @ self.W_gate) * pre
+        if self.W_gate is None:
+            return self.act(pre)
+        gate = x @ self.W_gate
+        return self.act(gate if self.b_gate is None else gate + self.b_gate) * pre
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         out = self.post(x) @ self.W_out

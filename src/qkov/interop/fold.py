@@ -66,27 +66,45 @@ def centred(x: Tensor, dim: int) -> Tensor:
     return x - x.mean(dim, keepdim=True)
 
 
+def reading_names(cfg: Config, layer: int) -> list[str]:
+    """The names of a layer's query, key and value weights in a state dict (grouped-query attention
+    stores one ``_W_K``/``_W_V`` per key/value head)."""
+    kv = "_" if cfg.n_kv_heads != cfg.n_heads else ""
+    a = f"blocks.{layer}.attn."
+    return [a + "W_Q", a + kv + "W_K", a + kv + "W_V"]
+
+
 def fold_layer_norm(state: dict[str, Tensor], cfg: Config) -> None:
-    """Step 1, in place: every ``ln.w``/``ln.b`` into the weights that read its output."""
-    for layer in range(cfg.n_layers):
-        a, ln = f"blocks.{layer}.attn.", f"blocks.{layer}.ln1."
-        w, b = state.pop(ln + "w"), state.pop(ln + "b")
-        for X in "QKV":
-            W = state[a + f"W_{X}"]
-            state[a + f"b_{X}"] = state[a + f"b_{X}"] + einsum(b, W, "d_model, h d_model e -> h e")
-            state[a + f"W_{X}"] = centred(W * w[None, :, None], dim=1)
+    """Step 1, in place: every pre-sublayer norm's ``w`` (and LayerNorm's ``b``) into the weights that
+    read its output; with LayerNorm those are then centred (RMSNorm does not centre: nothing to
+    centre for). Norms after a sublayer and query/key norms stay: their scale is computed on what
+    their weight would multiply, so the weight cannot move."""
+    centre = not cfg.is_rms
+    for layer in range(cfg.n_layers * cfg.pre_norms):
+        ln = f"blocks.{layer}.ln1."
+        w, b = state.pop(ln + "w"), state.pop(ln + "b", None)
+        for name in reading_names(cfg, layer):
+            W, bias = state[name], name.replace("W_", "b_")
+            if b is not None:
+                state[bias] = state[bias] + einsum(b, W, "d_model, h d_model e -> h e")
+            state[name] = centred(W * w[None, :, None], dim=1) if centre else W * w[None, :, None]
         if cfg.has_mlp:
             m, ln = f"blocks.{layer}.mlp.", f"blocks.{layer}.ln2."
-            w, b = state.pop(ln + "w"), state.pop(ln + "b")
-            state[m + "b_in"] = state[m + "b_in"] + b @ state[m + "W_in"]
-            state[m + "W_in"] = centred(state[m + "W_in"] * w[:, None], dim=0)
-    w, b = state.pop("ln_final.w"), state.pop("ln_final.b")
-    state["b_U"] = state["b_U"] + b @ state["W_U"]
-    state["W_U"] = centred(state["W_U"] * w[:, None], dim=0)
+            w, b = state.pop(ln + "w"), state.pop(ln + "b", None)
+            for name in ["in"] + (["gate"] if cfg.gated_mlp else []):
+                W = state[m + f"W_{name}"]
+                if b is not None:
+                    state[m + f"b_{name}"] = state[m + f"b_{name}"] + b @ W
+                state[m + f"W_{name}"] = centred(W * w[:, None], dim=0) if centre else W * w[:, None]
+    w, b = state.pop("ln_final.w"), state.pop("ln_final.b", None)
+    if b is not None:
+        state["b_U"] = state["b_U"] + b @ state["W_U"]
+    state["W_U"] = centred(state["W_U"] * w[:, None], dim=0) if centre else state["W_U"] * w[:, None]
 
 
 def center_writing_weights(state: dict[str, Tensor], cfg: Config) -> None:
-    """Step 2, in place: what writes to the residual stream loses its mean over ``d_model``."""
+    """Step 2, in place: what writes to the residual stream loses its mean over ``d_model`` (exact only
+    when every reader of the stream is a LayerNorm, which centres it first)."""
     names = ["W_E"] + (["W_pos"] if cfg.positional_embedding == "standard" else [])
     for layer in range(cfg.n_layers):
         names += [f"blocks.{layer}.attn.W_O", f"blocks.{layer}.attn.b_O"]
@@ -103,12 +121,21 @@ def center_unembed(state: dict[str, Tensor]) -> None:
 
 
 def fold_value_biases(state: dict[str, Tensor], cfg: Config) -> None:
-    """Step 4, in place: ``b_O += Σ_h b_V^h W_O^h``, ``b_V = 0`` (re-centred with LayerNorm)."""
+    """Step 4, in place: ``b_O += Σ_h b_V^h W_O^h``, ``b_V = 0`` (re-centred with LayerNorm); with
+    grouped-query attention each query head reads its group's ``b_V``."""
+    group = cfg.n_heads // cfg.n_kv_heads
     for layer in range(cfg.n_layers):
-        a = f"blocks.{layer}.attn."
-        b_O = state[a + "b_O"] + einsum(state[a + "b_V"], state[a + "W_O"], "h e, h e d -> d")
-        state[a + "b_O"] = centred(b_O, dim=-1) if cfg.has_layer_norm else b_O
-        state[a + "b_V"] = torch.zeros_like(state[a + "b_V"])
+        a, b_V = f"blocks.{layer}.attn.", reading_names(cfg, layer)[2].replace("W_", "b_")
+        per_head = state[b_V].repeat_interleave(group, dim=0)
+        b_O = state[a + "b_O"] + einsum(per_head, state[a + "W_O"], "h e, h e d -> d")
+        state[a + "b_O"] = centred(b_O, dim=-1) if centres(cfg) else b_O
+        state[b_V] = torch.zeros_like(state[b_V])
+
+
+def centres(cfg: Config) -> bool:
+    """Whether every reader of the residual stream centres it (LayerNorm before every sublayer and
+    the unembedding), so that what writes to it may be centred."""
+    return cfg.normalization in ("LN", "LNPre") and cfg.pre_norms
 
 
 def fold(model: Transformer) -> Folded:
@@ -118,14 +145,15 @@ def fold(model: Transformer) -> Folded:
     cfg, state = model.cfg, state_with_biases(model)
     note = None
     with torch.no_grad():
-        if cfg.normalization == "LN" and cfg.positional_embedding == "shortformer":
+        if cfg.affine_norms and cfg.positional_embedding == "shortformer":
             note = SHORTFORMER_NOTE
-        elif cfg.normalization == "LN":
+        elif cfg.affine_norms:
             fold_layer_norm(state, cfg)
-            cfg = replace(cfg, normalization="LNPre")
-        if cfg.has_layer_norm:
+            cfg = replace(cfg, normalization="RMSPre" if cfg.is_rms else "LNPre")
+        if centres(cfg):
             center_writing_weights(state, cfg)
-        center_unembed(state)
+        if cfg.output_logits_soft_cap is None:  # a soft-cap is not shift-invariant
+            center_unembed(state)
         fold_value_biases(state, cfg)
     folded = model_from_tensors(cfg, state, "folded model")
     folded.tokenizer = model.tokenizer
@@ -134,7 +162,7 @@ def fold(model: Transformer) -> Folded:
 
 def circuit_model(model: Transformer) -> Transformer:
     """The model whose weights the weight-based circuits read (QK/OV circuits, composition,
-    copying, skip-trigrams): the model itself, or with ``normalization="LN"`` its folded form, so
-    that LayerNorm's weight and bias are part of every circuit (TransformerLens' convention) and an
+    copying, skip-trigrams): the model itself, or with ``normalization="LN"`` or ``"RMS"`` its folded
+    form, so that the norms' weights are part of every circuit (TransformerLens' convention) and an
     unfolded import reads exactly as a folded one."""
-    return fold(model).model if model.cfg.normalization == "LN" else model
+    return fold(model).model if model.cfg.affine_norms else model

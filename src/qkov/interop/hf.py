@@ -1,4 +1,5 @@
-"""Hugging Face GPT-2 models in: a ``transformers.GPT2LMHeadModel`` or a folder it saved
+"""Hugging Face models in: every family of :mod:`qkov.interop.adapters`, and GPT-2 here, from a
+``transformers`` model (``GPT2LMHeadModel``, ``LlamaForCausalLM``, ...) or a folder it saved
 (``config.json`` + ``model.safetensors`` [+ ``tokenizer.json``]), into qkov's (TransformerLens')
 names and shapes.
 
@@ -20,6 +21,8 @@ from einops import rearrange
 
 from qkov.config import Config
 from qkov.errors import QkovError
+from qkov.interop.adapters import FAMILIES
+from qkov.interop.families import Family, Reader
 from qkov.interop.source import check_finite, model_from_source, read_source
 from qkov.model import Transformer
 
@@ -29,8 +32,6 @@ _IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in older f
 # (config key, unsupported when, the feature's name)
 _UNSUPPORTED = (
     ("model_type", lambda v: v != "gpt2", "a model type other than GPT-2"),
-    ("scale_attn_weights", lambda v: v is False, "attention without the 1/sqrt(d_head) scale"),
-    ("scale_attn_by_inverse_layer_idx", bool, "attention scaled by the inverse layer index"),
     ("add_cross_attention", bool, "cross-attention"),
     ("activation_function", lambda v: v not in ACTIVATIONS, "this activation"),
 )
@@ -65,6 +66,8 @@ def hf_config(data: dict[str, Any], where: str) -> Config:
         ln_eps=float(data.get("layer_norm_epsilon", 1e-5)),
         source="huggingface",
         bos_token_id=bos if isinstance(bos, int) and 0 <= bos < data["vocab_size"] else None,
+        attn_scale=1.0 if data.get("scale_attn_weights") is False else None,
+        scale_attn_by_inverse_layer_idx=bool(data.get("scale_attn_by_inverse_layer_idx")),
     )
 
 
@@ -156,6 +159,30 @@ def hf_to_qkov_tensors(tensors: dict[str, torch.Tensor], cfg: Config, tied: bool
     return out
 
 
+def family_of(data: dict[str, Any], where: str) -> Family | None:
+    """The adapter of a ``config.json``'s ``model_type`` (None: GPT-2, read by this module), or one
+    line listing the families qkov reads."""
+    kind = data.get("model_type", "gpt2")
+    if kind == "gpt2":
+        return None
+    if kind not in FAMILIES:
+        known = ", ".join(["gpt2", *sorted(FAMILIES)])
+        raise QkovError(f"{where}: model_type {kind!r} is not supported (qkov reads {known})")
+    return FAMILIES[kind]
+
+
+def family_model(
+    family: Family, data: dict, state: dict, where: str, config_where: str, tokenizer, fold: bool
+):
+    """A model of any family but GPT-2: its adapter's config and tensors (every tensor read once)."""
+    cfg = family.config(data, config_where)
+    check_finite(state, where)
+    read = Reader(state, where)
+    tensors = family.tensors(read, cfg, data)
+    read.finish()
+    return model_from_source(cfg, tensors, where, tokenizer, fold)
+
+
 def from_hf(model_or_folder: Any, fold: bool = True, config: str | os.PathLike | None = None) -> Transformer:
     """A qkov model from a Hugging Face ``GPT2LMHeadModel``, a folder it saved (``model.safetensors``
     or a pickled ``pytorch_model.bin``, read by :mod:`qkov.pickles`; its ``tokenizer.json``
@@ -165,12 +192,15 @@ def from_hf(model_or_folder: Any, fold: bool = True, config: str | os.PathLike |
     if isinstance(model_or_folder, str | os.PathLike):
         source = read_source(model_or_folder, config)
         data, state, tokenizer = source.config, source.tensors, source.tokenizer_folder
-        where = str(source.weights)
-        cfg = hf_config(data, str(source.config_file))
+        where, config_where = str(source.weights), str(source.config_file)
     else:
         data = model_or_folder.config.to_dict()
         state, tokenizer, where = dict(model_or_folder.state_dict()), None, type(model_or_folder).__name__
-        cfg = hf_config(data, f"{where} config")
+        config_where = f"{where} config"
+    family = family_of(data, config_where)
+    if family is not None:
+        return family_model(family, data, state, where, config_where, tokenizer, fold)
+    cfg = hf_config(data, config_where)
     tied = bool(data.get("tie_word_embeddings", True))
     tensors = checked_hf_tensors(state, cfg, tied, where)
     check_finite(tensors, where)
