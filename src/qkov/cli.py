@@ -114,7 +114,7 @@ def train_command(args: argparse.Namespace) -> None:
 
 
 def info_command(args: argparse.Namespace) -> None:
-    from qkov.checkpoint import load
+    from qkov.interop import open_model as load
     from qkov.training_log import read_training_log, row_fields
 
     model = load(args.checkpoint)
@@ -177,9 +177,9 @@ def add_user_data_arguments(p: argparse.ArgumentParser, use: str) -> None:
 
 def analyze_command(args: argparse.Namespace) -> None:
     from qkov.analyze import analyze
-    from qkov.checkpoint import load
     from qkov.data.shards import corpus_tokens
     from qkov.data.user_tokens import given_user_tokens
+    from qkov.interop import open_model as load
     from qkov.io import atomic_write_text
     from qkov.machine import compute_device
     from qkov.report import render_report

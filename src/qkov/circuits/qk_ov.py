@@ -34,7 +34,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from qkov.errors import QkovError
-from qkov.interop.fold import circuit_model
+from qkov.interop.fold import ANALYSIS_OFFSETS, circuit_model
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name
@@ -47,10 +47,28 @@ def stacked_weights(model: AttnOnlyTransformer, name: str) -> Tensor:
     return torch.stack([getattr(block.attn, name) for block in model.blocks])
 
 
-def qk_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
+def offsets_of(offset: int | range | None) -> range:
+    """The offsets a rotary QK circuit averages over: one (``offset``), a range, or by default the
+    analyses' :data:`~qkov.interop.fold.ANALYSIS_OFFSETS`."""
+    if offset is None:
+        return ANALYSIS_OFFSETS
+    if isinstance(offset, range):
+        if not len(offset):
+            raise QkovError("offset: an empty range of offsets")
+        return offset
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise QkovError(f"offset must be an integer (query position minus key position), got {offset!r}")
+    return range(offset, offset + 1)
+
+
+def qk_circuit(model: AttnOnlyTransformer, offset: int | range | None = None) -> FactoredMatrix:
     """Every head's QK circuit ``W_Q W_K^T`` (paper: ``W_QK = W_Q^T W_K``),
-    ``[n_layers, n_heads, d_model, d_model]``, destination residual x source residual."""
-    model = circuit_model(model)
+    ``[n_layers, n_heads, d_model, d_model]``, destination residual x source residual. With rotary
+    positions it depends on the offset ``d`` (query position minus key position): ``W_Q R(d) W_K^T``
+    (:mod:`qkov.rotary`), still of rank ``d_head``; ``offset`` is one offset or a range to average
+    over (default: offsets 1 to 64). A model without rotary positions has the same circuit at
+    every offset."""
+    model = circuit_model(model, offsets_of(offset))
     return FactoredMatrix(stacked_weights(model, "W_Q"), stacked_weights(model, "W_K").mT)
 
 
@@ -90,19 +108,26 @@ class QKTerms(NamedTuple):
     pos_pos: FactoredMatrix
 
 
-def shared_full_qk_circuit(model: AttnOnlyTransformer) -> SharedFactoredMatrix:
+def shared_full_qk_circuit(
+    model: AttnOnlyTransformer, offset: int | range | None = None
+) -> SharedFactoredMatrix:
     """Every head's token-token attention scores ``W_E (W_Q W_K^T / sqrt(d_head)) W_E^T`` (paper:
-    ``W_E^T W_QK W_E``) with ``W_E`` kept shared (one root of its Gram matrix serves both sides)."""
-    model = circuit_model(model)
+    ``W_E^T W_QK W_E``) with ``W_E`` kept shared (one root of its Gram matrix serves both sides);
+    ``offset`` as for :func:`qk_circuit`."""
+    model = circuit_model(model, offsets_of(offset))
     return SharedFactoredMatrix(model.W_E, qk_circuit(model) * model.cfg.d_head**-0.5, model.W_E.mT)
 
 
-def full_qk_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
+def full_qk_circuit(model: AttnOnlyTransformer, offset: int | range | None = None) -> FactoredMatrix:
     """Destination token x source token attention scores through each head:
     ``W_E W_Q W_K^T W_E^T / sqrt(d_head)`` (paper: ``W_E^T W_QK W_E``),
-    ``[n_layers, n_heads, d_vocab, d_vocab]``. Scaled, so entries are pre-softmax scores. For
-    spectra use :func:`shared_full_qk_circuit`."""
-    return shared_full_qk_circuit(model).factored()
+    ``[n_layers, n_heads, d_vocab, d_vocab]``. Scaled (by the model's own attention scale), so
+    entries are pre-softmax scores (before a soft-cap). With rotary positions, the circuit at
+    ``offset`` = query position minus key position (``W_E W_Q R(d) W_K^T W_E^T``: row = query token,
+    column = key token), or averaged over a range of offsets (default 1 to 64); with query and key
+    norms, exact up to each query's and each key's positive scale. For spectra use
+    :func:`shared_full_qk_circuit`."""
+    return shared_full_qk_circuit(model, offset).factored()
 
 
 def qk_terms(model: AttnOnlyTransformer) -> QKTerms:

@@ -16,7 +16,7 @@ import os
 import warnings
 from pathlib import Path
 
-from qkov.checkpoint import save
+from qkov.checkpoint import load, save
 from qkov.errors import QkovError
 from qkov.interop.agreement import checked_agreement, log_prob_difference, reference_file
 from qkov.interop.fold import Folded, FoldNote, fold
@@ -42,6 +42,7 @@ __all__ = [
     "from_transformer_lens",
     "from_weights",
     "import_checkpoint",
+    "open_model",
     "log_prob_difference",
     "save_transformer_lens",
     "to_hooked_transformer",
@@ -58,7 +59,7 @@ def folder_kind(src: Path, config: str | os.PathLike | None = None) -> str:
     data = read_config_file(file)
     if "model_type" in data:
         return "huggingface"
-    if "normalization_type" in data or "positional_embedding_type" in data or is_legacy(data):
+    if _is_transformer_lens(data):
         return "transformer_lens"
     if "positional_embedding" in data:
         raise QkovError(f"{file.parent}: already a qkov checkpoint (nothing to import)")
@@ -66,6 +67,29 @@ def folder_kind(src: Path, config: str | os.PathLike | None = None) -> str:
         f"{file}: neither a Hugging Face config (model_type) nor a TransformerLens config "
         "(normalization_type, or the legacy normalization); weights in another layout need --mapping"
     )
+
+
+def open_model(path: str | os.PathLike) -> Transformer:
+    """Any model folder, as ``qkov analyze``, ``info`` and ``serve`` take it: a qkov checkpoint is
+    loaded (:func:`qkov.load`); a Hugging Face folder (any family of :mod:`qkov.interop.adapters`,
+    one ``model.safetensors`` or shards with ``model.safetensors.index.json``) or a TransformerLens
+    one is imported in memory and folded, as ``qkov import`` would write it. A path to a file in the
+    folder means the folder."""
+    folder = Path(path)
+    if folder.is_file() and folder.suffix in (".json", ".safetensors"):
+        folder = folder.parent
+    if not folder.is_dir():
+        raise QkovError(f"{folder}: no such checkpoint folder")
+    data = read_config_file(folder / "config.json")
+    if "positional_embedding" in data or "model_type" not in data and not _is_transformer_lens(data):
+        return load(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FoldNote)  # the model says what stays unfolded (cfg.normalization)
+        return from_hf(folder) if "model_type" in data else from_transformer_lens(folder)
+
+
+def _is_transformer_lens(data: dict) -> bool:
+    return "normalization_type" in data or "positional_embedding_type" in data or is_legacy(data)
 
 
 def import_checkpoint(

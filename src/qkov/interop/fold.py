@@ -26,6 +26,7 @@ is not done: the model keeps ``"LN"`` and :func:`fold` says so in its ``note``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,6 +36,7 @@ from torch import Tensor
 from qkov.checkpoint import expected_shapes, model_from_tensors
 from qkov.config import Config
 from qkov.model import Transformer
+from qkov.rotary import rotation
 
 SHORTFORMER_NOTE = (
     "LayerNorm kept unfolded: shortformer positions join the queries and keys after ln1, so folding "
@@ -160,9 +162,101 @@ def fold(model: Transformer) -> Folded:
     return Folded(folded, note)
 
 
-def circuit_model(model: Transformer) -> Transformer:
-    """The model whose weights the weight-based circuits read (QK/OV circuits, composition,
-    copying, skip-trigrams): the model itself, or with ``normalization="LN"`` or ``"RMS"`` its folded
+ANALYSIS_OFFSETS = range(1, 65)  # a rotary QK circuit in the analyses: a key 1 to 64 tokens back
+VIEW_FEATURES = (
+    "rotary positions", "query and key norms", "norms after each sublayer", "grouped-query attention",
+    "an attention scale other than sqrt(d_head)",
+)  # fmt: skip
+
+
+def circuit_model(model: Transformer, offsets: range = ANALYSIS_OFFSETS) -> Transformer:
+    """The weights the weight-based circuits read (QK/OV circuits, composition, copying,
+    skip-trigrams, neurons): the model itself; with ``normalization="LN"`` or ``"RMS"`` its folded
     form, so that the norms' weights are part of every circuit (TransformerLens' convention) and an
-    unfolded import reads exactly as a folded one."""
-    return fold(model).model if model.cfg.affine_norms else model
+    unfolded import reads exactly as a folded one; and for a model with any of
+    :data:`VIEW_FEATURES`, its *circuit view* (:func:`circuit_view`, rotary QK circuits averaged
+    over ``offsets``), whose weights hold what those features add to each circuit. Only the
+    weights of the result are meant to be read: a circuit view's forward is not the model's."""
+    folded = fold(model).model if model.cfg.affine_norms else model
+    if not any(feature in VIEW_FEATURES for feature in folded.cfg.features):
+        return folded
+    return circuit_view(folded, offsets)
+
+
+def circuit_notes(cfg: Config) -> list[str]:
+    """What the weight-based circuits of a model of ``cfg`` read, where a feature makes them depend
+    on a choice (an offset) or exact only up to a per-position scale: one sentence each."""
+    notes = {
+        "rotary positions": "rotary positions: every QK circuit (spectra, skip-trigrams, Q/K-composition, "
+        f"the induction check) is the mean over offsets {ANALYSIS_OFFSETS.start}-{ANALYSIS_OFFSETS.stop - 1} "
+        "of W_Q R(offset) W_K^T, a key 1 to 64 tokens before the query "
+        "(qkov.full_qk_circuit(model, offset=d) gives one offset; qkov.rotary_bands splits each head by "
+        "frequency); OV circuits are exact",
+        "query and key norms": "query and key norms: QK circuits hold the norms' gains and are exact up to "
+        "each query's and each key's own positive scale",
+        "norms after each sublayer": "norms after each sublayer: OV circuits and neuron values hold the "
+        "norms' gains and are exact up to each position's positive scale of the layer's whole write",
+        "attention soft-capping": "attention soft-capping: QK circuits give the scores before the cap",
+        "logit soft-capping": "logit soft-capping: OV circuits and direct paths give the logits before "
+        "the cap",
+        "grouped-query attention": "grouped-query attention: each query head's circuits use its group's "
+        "W_K and W_V",
+    }
+    return [notes[f] for f in cfg.features if f in notes]
+
+
+def circuit_view(model: Transformer, offsets: range = ANALYSIS_OFFSETS) -> Transformer:
+    """A folded model's circuit view: one query, key, value and output weight per head, each holding
+    what a feature adds to it (the paper's QK circuit ``W_Q^T W_K``, ours ``W_Q W_K^T``, becomes
+    ``W_Q G_q M W_K^T G_k / s``):
+
+    - rotary positions: ``M``, the mean rotation over ``offsets`` (:func:`qkov.rotary.rotation`),
+      so that ``W_Q M W_K^T`` is the mean QK circuit over those offsets, still of rank ``d_head``;
+    - query and key norms: their gains ``G_q``, ``G_k`` (each query's and key's own scale stays out);
+    - an attention scale ``s`` other than ``sqrt(d_head)``: in ``W_Q`` (``* sqrt(d_head) / s``), so that
+      the circuits' ``1 / sqrt(d_head)`` gives the model's scores;
+    - norms after a sublayer: their gain in ``W_O`` and ``b_O`` (``W_out``, ``b_out``);
+    - grouped-query attention: ``W_K``, ``W_V`` repeated for every query head of a group.
+    """
+    cfg = model.cfg
+    state = {
+        name: param.detach().clone()
+        for name, param in model.named_parameters()
+        if not any(part in name for part in ("_post.", "q_norm.", "k_norm.", "._W_", "._b_"))
+    }
+    for layer, block in enumerate(model.blocks):
+        state |= _view_attention(cfg, layer, block.attn, offsets)
+        for post, names in (
+            (block.ln1_post, ("attn.W_O", "attn.b_O")),
+            (block.ln2_post, ("mlp.W_out", "mlp.b_out")),
+        ):
+            for name in (f"blocks.{layer}.{n}" for n in names):
+                if post is not None and name in state:
+                    state[name] = state[name] * post.w.detach()
+    plain = dict(
+        positional_embedding="none" if cfg.positional_embedding == "rotary" else cfg.positional_embedding,
+        rotary_dim=None, rotary_interleaved=False, rotary_scaling=None, rotary_local_base=None,
+        n_key_value_heads=None, qk_norm="none", pre_norms=True, post_norms=False, attn_scale=None,
+        scale_attn_by_inverse_layer_idx=False,
+    )  # fmt: skip
+    view = model_from_tensors(replace(cfg, **plain), state, "circuit view")
+    view.tokenizer = model.tokenizer
+    return view
+
+
+def _view_attention(cfg: Config, layer: int, attn, offsets: range) -> dict[str, Tensor]:
+    """One layer's query, key and value weights and biases in :func:`circuit_view`."""
+    a, h, e = f"blocks.{layer}.attn.", cfg.n_heads, cfg.d_head
+    W = {name: getattr(attn, name) for name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")}
+    W = {name: w.detach() for name, w in W.items() if w is not None}
+    if attn.q_norm is not None:  # per head, or OLMo 2's over all heads: one gain per head dimension
+        g_q, g_k = attn.q_norm.w.detach().reshape(-1, e), attn.k_norm.w.detach().reshape(-1, e)
+        g_k = g_k.repeat_interleave(h // len(g_k), 0)
+        W["W_Q"], W["W_K"] = W["W_Q"] * g_q[:, None, :], W["W_K"] * g_k[:, None, :]
+        W |= {name: W[name] * g for name, g in (("b_Q", g_q), ("b_K", g_k)) if name in W}
+    if attn.rotary is not None:
+        mix = sum(rotation(cfg, d, layer) for d in offsets) / len(offsets)
+        W |= {name: W[name] @ mix.to(W[name]) for name in ("W_Q", "b_Q") if name in W}
+    factor = math.sqrt(e) / attn.scale
+    W |= {name: W[name] * factor for name in ("W_Q", "b_Q") if name in W}
+    return {a + name: w for name, w in W.items()}

@@ -25,6 +25,7 @@ from qkov.model import Transformer
 from qkov.pickles import PICKLE_SUFFIXES, read_pickled_tensors
 
 WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
+SHARD_INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -54,15 +55,15 @@ def weights_file(src: Path) -> Path:
     """The weights of ``src``: the file itself, or a folder's ``model.safetensors``, else its one
     pickled state dict; one line when there is none, or several to choose from."""
     if src.is_file():
-        if src.suffix not in WEIGHT_SUFFIXES:
+        if src.suffix not in WEIGHT_SUFFIXES and src.name != SHARD_INDEX:
             raise QkovError(f"{src}: not a weights file (expected {', '.join(WEIGHT_SUFFIXES)})")
         return src
     if not src.is_dir():
         raise QkovError(f"{src}: no such folder")
     if (src / "model.safetensors").exists():
         return src / "model.safetensors"
-    if (src / "model.safetensors.index.json").exists():
-        raise QkovError(f"{src}: sharded safetensors are not supported (model.safetensors.index.json)")
+    if (src / SHARD_INDEX).exists():
+        return src / SHARD_INDEX
     pickles = sorted(f.name for f in src.iterdir() if f.suffix in PICKLE_SUFFIXES and f.is_file())
     if len(pickles) > 1:
         raise QkovError(f"{src}: several weights files ({', '.join(pickles)}): give the one to import")
@@ -72,10 +73,31 @@ def weights_file(src: Path) -> Path:
 
 
 def read_weights(file: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file or a pickled state dict (see the module docstring)."""
+    """Every tensor of a safetensors file, of the shards a ``model.safetensors.index.json`` lists,
+    or of a pickled state dict (see the module docstring)."""
+    if file.name == SHARD_INDEX:
+        return read_shards(file)
     if file.suffix == ".safetensors":
         return read_tensors(file)[0]
     return read_pickled_tensors(file)
+
+
+def read_shards(index: Path) -> dict[str, torch.Tensor]:
+    """The tensors of sharded safetensors, as Hugging Face writes them: the index's ``weight_map``
+    names each tensor's shard, a file in the same folder; every shard's tensors must be the index's."""
+    data = read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise QkovError(f"{index}: expected a weight_map of tensor names to shard files")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if Path(shard).name != shard or not shard.endswith(".safetensors"):
+            raise QkovError(f"{index}: shard {shard!r} is not a .safetensors file beside the index")
+        tensors |= read_tensors(index.parent / shard)[0]
+    if set(tensors) != set(weight_map):
+        missing = sorted(set(weight_map) - set(tensors)) or sorted(set(tensors) - set(weight_map))
+        raise QkovError(f"{index}: the shards and the index disagree on tensor {missing[0]}")
+    return tensors
 
 
 def config_file(weights: Path, config: str | os.PathLike | None) -> Path:

@@ -14,8 +14,8 @@ import ipaddress
 import sys
 from pathlib import Path
 
-from qkov.checkpoint import load
 from qkov.data.user_tokens import given_user_tokens
+from qkov.interop import open_model as load
 from qkov.serve.app import create_app
 from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Jobs
