@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import family_configs, random_hf_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qkov
+from families import family_configs, random_hf_model
 from qkov.config import Config
 from qkov.interop import from_hf
 from qkov.interop.fold import circuit_model, fold
