@@ -4,12 +4,14 @@ files are refused with one line, and the shipped JSON Schema is the one the type
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from qkov.analyze import analyze
+from qkov.config import NEW_ARCHITECTURE_FIELDS, Config
 from qkov.errors import QkovError
 from qkov.results import SCHEMA_FILE, Results, load_results, schema_text, to_json, write_results
 
@@ -19,7 +21,16 @@ DATA = Path(__file__).parent / "data"
 
 
 # Analyses added since version 2: their fields are dropped before comparing.
-ADDED_SINCE_2 = ("induction_mechanism", "correction", "circuit", "neurons", "ablation_estimate")
+ADDED_SINCE_2 = (
+    "induction_mechanism",
+    "correction",
+    "circuit",
+    "neurons",
+    "ablation_estimate",
+    "rotary_bands",
+    "gqa_groups",
+    "circuit_notes",
+)
 
 
 def version_2_layout(new: dict) -> dict:
@@ -27,6 +38,11 @@ def version_2_layout(new: dict) -> dict:
     into every OV spectrum and beside each comparison, the direct measures beside each copying head,
     and the token strings beside every skip-trigram token; without what came since (the bug cost)."""
     old = json.loads(json.dumps(new)) | {"schema_version": 2}
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    for key in NEW_ARCHITECTURE_FIELDS:  # the newer architectures' options, at their defaults
+        assert old["config"].pop(key) == (
+            list(defaults[key]) if isinstance(defaults[key], tuple) else defaults[key]
+        )
     strings = new["tokens"]
     if new["copying"]:
         scores = [h["copying_score"] for h in new["copying"]["heads"]]

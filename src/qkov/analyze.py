@@ -32,6 +32,7 @@ from qkov.circuits.circuit import circuit_flop, circuit_graph, head_roles
 from qkov.circuits.composition import composition, induction_checks
 from qkov.circuits.copying import compare_copying, copying_analysis, default_direct_copying
 from qkov.circuits.correction import correction, correction_flop
+from qkov.circuits.groups import group_similarity
 from qkov.circuits.heads import AttentionExamples, attention_example
 from qkov.circuits.mechanisms import induction_mechanism_flop, induction_mechanisms
 from qkov.circuits.neurons import neuron_analysis, neuron_flop
@@ -39,6 +40,7 @@ from qkov.circuits.paths import term_importance, term_importance_flop
 from qkov.circuits.phase_change import phase_change
 from qkov.circuits.qk_ov import qk_position_content
 from qkov.circuits.repeated import repeated_token_behaviour
+from qkov.circuits.rotary_bands import rotary_bands
 from qkov.circuits.skip_trigrams import skip_trigram_tables
 from qkov.circuits.spectra import all_spectra
 from qkov.circuits.task import task_flop, task_performance
@@ -47,6 +49,7 @@ from qkov.context import PATTERN_EXAMPLE_LENGTH, REPEATS, Context, CorpusSplits
 from qkov.data.tokenizer import token_strings
 from qkov.data.user_tokens import UserTokens
 from qkov.errors import QkovError
+from qkov.interop.fold import circuit_notes
 from qkov.model import AttnOnlyTransformer
 from qkov.results import Results
 from qkov.training_log import TrainingPoint
@@ -78,6 +81,8 @@ class Step:
     needs_user_data: bool = False
     needs_targets: bool = False
     needs_mlp: bool = False
+    needs_feature: str | None = None
+    not_under: tuple[str, ...] = ()
 
     def skip_reason(self, cfg: Config, has_corpus: bool, has_user_data: bool = False) -> str | None:
         """Why the step does not apply to a model of ``cfg`` with this data, in a few words; None
@@ -94,8 +99,38 @@ class Step:
             (self.needs_targets and not (cfg.outputs_tokens or has_user_data),
              f"needs targets: {outputs}, so give them (--tokens, --targets)"),
             (self.needs_mlp and not cfg.has_mlp, "needs MLPs: the model is attention-only (d_mlp 0)"),
+            (self.needs_feature is not None and self.needs_feature not in cfg.features,
+             f"needs {self.needs_feature}"),
+            (bool(set(self.not_under) & set(cfg.features)), _not_under(self.not_under, cfg)),
         )  # fmt: skip
         return next((reason for failed, reason in reasons if failed), None)
+
+
+def _not_under(features: tuple[str, ...], cfg: Config) -> str:
+    """Why a step does not run under one of the model's features: its algebra assumes the paper's
+    attention or a sequential block, and would not be exact."""
+    first = next((f for f in cfg.features if f in features), None)
+    return "" if first is None else f"not exact under {first}: this analysis assumes {NOT_UNDER_WHY[first]}"
+
+
+NOT_UNDER_WHY = {
+    "rotary positions": "unrotated queries and keys",
+    "query and key norms": "scores bilinear in the residual stream",
+    "attention soft-capping": "scores bilinear in the residual stream",
+    "parallel attention and MLP": "each MLP reads the stream after its layer's attention",
+    "norms after each sublayer": "writes that join the stream unnormalised",
+    "logit soft-capping": "logits linear in the final residual stream",
+    "a gated MLP": "an ungated MLP (one key direction per neuron)",
+}
+# what the score-attribution steps (a head's scores split by what writes its queries and keys) and
+# path expansion cannot handle yet
+SCORE_ATTRIBUTION = (
+    "rotary positions",
+    "query and key norms",
+    "attention soft-capping",
+    "norms after each sublayer",
+)
+PATHS = ("parallel attention and MLP", "norms after each sublayer", "logit soft-capping")
 
 
 # -- the steps: behavioural ones run ``ctx.model``, weight-based ones read ``ctx.circuit`` ---------
@@ -206,7 +241,12 @@ STEPS: tuple[Step, ...] = (
     ),
     Step("attention_examples", "Attention patterns", attention_step, 1),
     Step("qk_position_content", "Position versus content", lambda ctx: qk_position_content(ctx.circuit), 1),
-    Step("term_importance", "Term importance", term_importance_step, 1, weight=2, needs_targets=True),
+    Step("rotary_bands", "Rotary heads by frequency", lambda ctx: rotary_bands(ctx.model), 1,
+         needs_feature="rotary positions"),
+    Step("gqa_groups", "Grouped-query attention: heads of a group side by side",
+         lambda ctx: group_similarity(ctx.model), 1, needs_feature="grouped-query attention"),
+    Step("term_importance", "Term importance", term_importance_step, 1, weight=2, needs_targets=True,
+         not_under=PATHS),
     Step("skip_trigrams", "Skip-trigrams", skip_trigram_step, 1, max_layers=1, weight=2, needs_square=True),
     Step("composition", "Composition scores", lambda ctx: composition(ctx.circuit), 2),
     Step(
@@ -216,18 +256,19 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "induction_mechanism", "Induction mechanism (score attribution)", induction_mechanism_step, 2,
-        reads=("repeated_tokens",), needs_square=True,
+        reads=("repeated_tokens",), needs_square=True, not_under=SCORE_ATTRIBUTION,
     ),
     Step(
         "correction", "The corrected composition picture", correction_step, 1, reads=("repeated_tokens",),
-        needs_square=True,
+        needs_square=True, not_under=SCORE_ATTRIBUTION,
     ),
     Step(
         "circuit", "The circuit graph", circuit_step, 2, reads=("repeated_tokens", "copying", "correction"),
-        needs_square=True,
+        needs_square=True, not_under=SCORE_ATTRIBUTION,
     ),
     Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
-    Step("neurons", "MLP neurons (keys and values)", neuron_step, 1, weight=2, needs_mlp=True),
+    Step("neurons", "MLP neurons (keys and values)", neuron_step, 1, weight=2, needs_mlp=True,
+         not_under=("a gated MLP", *PATHS)),
     Step(
         "ablation_estimate", "Ablations, estimated to first order",
         lambda ctx: ablation_estimate(ctx.attribution, ctx.done["ablation"]), 2, reads=("ablation",),
@@ -266,8 +307,9 @@ def analyze(
     strings = token_strings(model.tokenizer, cfg.d_vocab)
     skipped = {name: reason for name, reason in reasons.items() if reason is not None}
     return Results(
-        config=cfg, tokens=strings, training=log, phase_change=phase_change(log), skipped=skipped, **done
-    )
+        config=cfg, tokens=strings, training=log, phase_change=phase_change(log), skipped=skipped,
+        circuit_notes=circuit_notes(cfg), **done,
+    )  # fmt: skip
 
 
 def run_steps(

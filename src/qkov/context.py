@@ -16,6 +16,7 @@ from torch import Tensor
 from qkov.circuits.attribution_patching import Attribution, estimate_ablations, estimate_and_rerun_flop
 from qkov.circuits.bigrams import BigramCounts
 from qkov.circuits.budget import TRUSTED, batch_shape, cache_bytes
+from qkov.config import Config
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.data.tokens import sample_windows
 from qkov.data.user_tokens import UserTokens
@@ -93,7 +94,7 @@ class Context:
     ) -> Context:
         cfg, generator, device = model.cfg, torch.Generator().manual_seed(seed), model.device
         bos, start = cfg.bos_token_id, int(cfg.bos_token_id is not None)
-        period = (cfg.n_ctx - start) // REPEATS
+        period = min((cfg.n_ctx - start) // REPEATS, _reach(cfg))
         example_period = (min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx) - start) // REPEATS
         if cfg.n_layers == 0:
             return cls(model, corpus, seed, period, example_period, done=done, user=user, start=start)
@@ -172,6 +173,14 @@ class Context:
         tokens = self.user.tokens[:sequences].to(self.model.device)
         targets = self.user.targets[:sequences].to(self.model.device)
         return tokens, targets, _cut(self.user.description, tokens, tuple(self.user.tokens.shape))
+
+
+def _reach(cfg: Config) -> int:
+    """The longest repeat period an induction head can see across: a query in a layer with a sliding
+    window of ``w`` positions reads at most ``w - 1`` tokens back, and an induction head attends
+    ``period - 1`` back (to the token after the previous occurrence)."""
+    windows = [w for w in cfg.layer_windows or () if w is not None]
+    return min(windows) if windows else cfg.n_ctx
 
 
 def _windows(

@@ -33,12 +33,14 @@ from qkov.circuits.circuit import Circuit
 from qkov.circuits.composition import Composition, InductionCheck
 from qkov.circuits.copying import Copying, CopyingComparison, DirectCopying
 from qkov.circuits.correction import Correction
+from qkov.circuits.groups import GroupSimilarity
 from qkov.circuits.heads import AttentionExamples
 from qkov.circuits.mechanisms import InductionMechanism
 from qkov.circuits.neurons import Neurons
 from qkov.circuits.paths import TermImportance
 from qkov.circuits.phase_change import PhaseChange
 from qkov.circuits.repeated import RepeatedTokens
+from qkov.circuits.rotary_bands import RotaryBands
 from qkov.circuits.skip_trigrams import SkipTrigrams
 from qkov.circuits.spectra import Spectra
 from qkov.circuits.task import Task
@@ -58,7 +60,9 @@ SCHEMA_FILE = Path(__file__).parent / "schema" / "results.schema.json"
 class Results:
     """Every analysis of one checkpoint (``results.json`` of ``qkov analyze``). An analysis that
     does not apply to the model (composition needs two layers, the bigram comparison a corpus) is
-    ``None``, and ``skipped`` maps its name to the reason."""
+    ``None``, and ``skipped`` maps its name to the reason; ``circuit_notes`` says, one sentence per
+    feature of the model (rotary positions, query/key norms, norms after each sublayer, soft-caps),
+    which offset the weight-based circuits use or up to what scale they are exact."""
 
     config: Config
     tokens: list[str]
@@ -84,7 +88,10 @@ class Results:
     neurons: Neurons | None = None
     ablation_estimate: AblationEstimate | None = None
     task: Task | None = None
+    rotary_bands: RotaryBands | None = None
+    gqa_groups: list[GroupSimilarity] | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+    circuit_notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

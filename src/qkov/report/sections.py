@@ -52,6 +52,8 @@ NORMALIZATIONS = {
     "none": "no LayerNorm",
     "LN": "LayerNorm (not folded)",
     "LNPre": "LayerNorm folded into the weights",
+    "RMS": "RMSNorm (not folded)",
+    "RMSPre": "RMSNorm folded into the weights",
 }
 
 
@@ -74,6 +76,7 @@ def model_header(r: Results) -> str:
             "expansion and term importance stay exact, each MLP's write a frozen term; head scores, "
             "ablations and losses come from the model's own run."
         )
+    caveats += [note[0].upper() + note[1:] + "." for note in r.circuit_notes]
     return (
         head
         + "".join(f"<p class='small'>{esc(caveat)}</p>" for caveat in caveats)
@@ -863,6 +866,45 @@ def task_section(r: Results) -> str:
     )
 
 
+def rotary_bands_section(r: Results) -> str:
+    bands = r.rotary_bands
+    if bands is None:
+        return ""
+    rows = [[b.head, b.positional, 1 - b.positional - b.position_free, b.position_free] for b in bands.heads]
+    short = bands.positional_wavelength
+    return (
+        "<h3>Rotary heads by frequency: position and content</h3>"
+        + table(
+            ["head", f"positional (planes shorter than {short} tokens)", "slower planes", "no rotation"], rows
+        )
+        + "<p class='small'>Each head's QK circuit W_E W_Q R(d) W_K^T W_E^T split into its rotation planes "
+        "(and the dimensions that do not rotate): each part's share of the sum of the parts' norms at "
+        "offset 0. "
+        "A plane that turns fully within a few tokens can only say how far back to look; a slow plane, or no "
+        "rotation, says which tokens to look at wherever they are. Every plane's share and wavelength are in "
+        "results.json.</p>"
+    )
+
+
+def gqa_groups_section(r: Results) -> str:
+    groups = r.gqa_groups
+    if not groups:
+        return ""
+    rows = []
+    for g in groups:
+        pairs = [(i, j) for i in range(len(g.heads)) for j in range(i + 1, len(g.heads))]
+        ov = [g.ov[i][j] for i, j in pairs] or [1.0]
+        qk = [g.qk[i][j] for i, j in pairs] or [1.0]
+        rows.append([f"L{g.layer} group {g.group}", " ".join(g.heads), min(ov), max(ov), min(qk), max(qk)])
+    return (
+        "<h3>Grouped-query attention: the heads of a group side by side</h3>"
+        + table(["group", "query heads", "OV cosine, least", "most", "QK cosine, least", "most"], rows)
+        + "<p class='small'>The heads of a group share W_K and W_V. Cosines between their full OV circuits "
+        "(W_E W_V W_O W_U) and full QK circuits over the whole vocabulary, pair by pair: near 1, the group's "
+        "heads read and write alike.</p>"
+    )
+
+
 def skipped_section(r: Results) -> str:
     if not r.skipped:
         return ""
@@ -892,5 +934,7 @@ SECTIONS: dict[str, Callable[[Results], str]] = {
     "ablation_estimate": ablation_estimate_section,
     "term_importance": term_importance_section,
     "task": task_section,
+    "rotary_bands": rotary_bands_section,
+    "gqa_groups": gqa_groups_section,
     "skipped": skipped_section,
 }

@@ -1,0 +1,97 @@
+"""A rotary head's QK circuit split by frequency: which of its attention is about position and
+which about content, read off the weights (the rotary counterpart of the paper's split of a head's
+scores into token and position terms, section "Summarizing OV/QK Matrices").
+
+With rotary positions (:mod:`qkov.rotary`) a head's score between a query token and a key token at
+offset ``d`` is a sum over its rotation planes ``p`` (pairs of ``d_head`` dimensions) and the
+dimensions that do not rotate:
+
+    ``W_E W_Q R(d) W_K^T W_E^T = Σ_p W_E W_Q[:, p] R_p(d) W_K[:, p]^T W_E^T``
+    ``+ W_E W_Q[:, f] W_K[:, f]^T W_E^T``
+
+(row vectors; the paper, column vectors and no rotation, writes ``W_E^T W_Q^T W_K W_E``). A plane of
+high frequency turns by a large angle per token: its term changes sign within a few tokens, so it
+can only say "attend k tokens back" (position); a plane of low frequency barely turns over the
+context, so its term is a skip-trigram-like preference between tokens wherever they are (content);
+the non-rotating dimensions ``f`` of a partially rotary head are exactly position-free. Each band's
+share here is its term's Frobenius norm at offset 0 (the planes' terms then sum to the circuit)
+over the sum of all terms' norms: exact, from ``d_model``-sized Gram matrices, never a
+``d_vocab x d_vocab`` product. Query/key-norm gains and the attention scale are in the weights read
+(:func:`qkov.interop.fold.circuit_view`); each token's own scales are not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from qkov.interop.fold import ANALYSIS_OFFSETS, circuit_model
+from qkov.model import Transformer
+from qkov.names import head_name
+from qkov.rotary import frequencies, plane_index, rotary_dim
+
+POSITIONAL_WAVELENGTH = ANALYSIS_OFFSETS.stop - 1  # a plane that turns fully within 64 tokens: position
+
+
+@dataclass(frozen=True)
+class HeadBands:
+    """One head's QK circuit by band: ``shares[i]`` is plane ``i``'s (wavelength ``wavelengths[i]``
+    tokens) share of the circuit's norm; ``position_free`` the non-rotating dimensions' share;
+    ``positional`` the share of planes shorter than :data:`POSITIONAL_WAVELENGTH` tokens."""
+
+    head: str
+    shares: list[float]
+    position_free: float
+    positional: float
+
+
+@dataclass(frozen=True)
+class RotaryBands:
+    """Every head's bands, with the planes' wavelengths per layer (``2 pi / frequency``, tokens)."""
+
+    wavelengths: list[list[float]]
+    heads: list[HeadBands]
+    positional_wavelength: int = POSITIONAL_WAVELENGTH
+
+
+def _term_norms(gram: Tensor, W_Q: Tensor, W_K: Tensor, groups: list[Tensor]) -> Tensor:
+    """``||W_E W_Q[:, g] W_K[:, g]^T W_E^T||_F`` for each group of dimensions ``g``, as
+    ``sqrt(tr((W_Q_g^T G W_Q_g)(W_K_g^T G W_K_g)))`` with ``G = W_E^T W_E``."""
+    norms = []
+    for dims in groups:
+        q, k = W_Q[:, dims], W_K[:, dims]
+        value = torch.trace((q.T @ gram @ q) @ (k.T @ gram @ k)) if len(dims) else q.new_zeros(())
+        norms.append(value.clamp_min(0).sqrt())
+    return torch.stack(norms)
+
+
+def rotary_bands(model: Transformer) -> RotaryBands:
+    """Every head's QK circuit split into its rotation planes and its position-free part (see the
+    module docstring). Raises for a model without rotary positions."""
+    cfg = model.cfg
+    if cfg.positional_embedding != "rotary":
+        raise ValueError("rotary_bands needs a model with rotary positions")
+    view = circuit_model(model, range(0, 1))  # gains and scale in the weights, no rotation (offset 0)
+    gram = (view.W_E.T @ view.W_E).detach().double()
+    first, second = plane_index(cfg)
+    groups = [torch.tensor([a, b]) for a, b in zip(first.tolist(), second.tolist(), strict=True)]
+    groups.append(torch.arange(rotary_dim(cfg), cfg.d_head))
+    wavelengths, heads = [], []
+    for layer, block in enumerate(view.blocks):
+        wavelength = (2 * math.pi / frequencies(cfg, layer)).tolist()
+        wavelengths.append(wavelength)
+        short = torch.tensor([w < POSITIONAL_WAVELENGTH for w in wavelength])
+        for head in range(cfg.n_heads):
+            W_Q, W_K = block.attn.W_Q[head].detach().double(), block.attn.W_K[head].detach().double()
+            norms = _term_norms(gram, W_Q, W_K, groups)
+            shares = norms / norms.sum().clamp_min(1e-300)
+            planes = shares[:-1]
+            heads.append(
+                HeadBands(
+                    head_name(layer, head), planes.tolist(), float(shares[-1]), float(planes[short].sum())
+                )
+            )
+    return RotaryBands(wavelengths, heads)
