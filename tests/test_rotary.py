@@ -107,3 +107,22 @@ def test_with_query_and_key_norms_the_circuit_is_exact_up_to_each_ones_scale(nam
         s_q = attn.q_norm.scale(raw_q.transpose(0, 1).flatten(1))[4, 0]
         s_k = attn.k_norm.scale(stored_k)[4, 0]
     assert torch.allclose(ratio, s_q * s_k, rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "mistral", "gemma", "phi3"])
+@pytest.mark.parametrize("fold_it", [False, True])
+def test_score_attribution_under_rotary_positions_sums_to_the_scores(name, fold_it, tmp_path):
+    """Each part's query and key, rotated by position (a rotation is linear), make up the scores."""
+    model = random_hf_model(CONFIGS[name])
+    model.save_pretrained(tmp_path)
+    ours = from_hf(tmp_path, fold=fold_it).double()
+    tokens = torch.randint(0, ours.cfg.d_vocab, (2, 9), generator=torch.Generator().manual_seed(2))
+    _, cache = ours.run_with_cache(tokens)
+    layer = ours.cfg.n_layers - 1
+    block = ours.blocks[layer]
+    x = block.ln1(cache[f"blocks.{layer}.hook_resid_pre"])
+    q, k, _ = block.attn.qkv(x, None)
+    scores = (q @ k.mT / block.attn.scale)[:, 1]
+    total = sum(qkov.score_attribution(ours, tokens, f"L{layer}H1").values())
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    assert (total - scores)[..., causal].abs().max() < 1e-10 * scores.abs().max()

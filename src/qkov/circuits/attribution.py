@@ -129,14 +129,16 @@ def score_parts(
         frozen = freeze(model, tokens) if frozen is None else frozen
         attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
         scale = frozen.scales.get(norm_name(layer, "ln1"))
-        W_Q, W_K = attn.W_Q[index] * model.cfg.d_head**-0.5, attn.W_K[index]
+        W_Q, W_K = attn.W_Q[index] / attn.scale, attn.W_K[index]
         streams = stream_parts(model, tokens, layer, frozen) if streams is None else streams
         names, x = read_parts(ln, scale, streams)
         queries, keys = x @ W_Q, x @ W_K  # [part, batch, pos, d_head]
         if BIAS in streams and attn.b_Q is not None:
             at = names.index(BIAS)
-            queries[at] += attn.b_Q[index] * model.cfg.d_head**-0.5
+            queries[at] += attn.b_Q[index] / attn.scale
             keys[at] += attn.b_K[index]
+        if attn.rotary is not None:  # a rotation is linear: each part's query and key turn by position
+            queries, keys = attn.rotary(queries), attn.rotary(keys)
         if model.W_pos is not None and model.cfg.positional_embedding == "shortformer":
             positions = model.W_pos[: tokens.shape[1]].expand(tokens.shape[0], -1, -1)
             names.append(POS_EMBED)
