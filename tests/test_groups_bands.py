@@ -88,3 +88,26 @@ def test_a_head_that_uses_only_its_slowest_plane_is_all_content():
     assert head.shares[-1] == pytest.approx(1.0) and head.positional == 0.0 and head.position_free == 0.0
     with pytest.raises(ValueError, match="rotary"):
         rotary_bands(model_of(positional_embedding="standard"))
+
+
+def test_a_gated_neuron_has_keys_through_its_gate_and_its_input():
+    """``gated_by`` is the top of ``W_E W_gate[:, n]``, ``excited_by`` of ``W_E W_in[:, n]``; the last
+    layer's exact direct split still sums to the logits (an activation is an activation)."""
+    from qkov.circuits.neurons import neuron_analysis
+
+    model = model_of(n_layers=1, d_mlp=12, gated_mlp=True, act_fn="silu", normalization="RMS")
+    tokens = torch.randint(0, 30, (2, 10), generator=torch.Generator().manual_seed(0))
+    found = neuron_analysis(model, tokens, k=4)
+    assert found.max_error < 1e-10
+    neuron = found.layers[0].neurons[0]
+    gate = (model.W_E @ model.blocks[0].mlp.W_gate)[:, neuron.neuron] * 1.0
+    assert neuron.gated_by == gate.topk(4).indices.tolist()
+
+
+def test_neurons_of_a_model_with_fewer_tokens_than_a_list():
+    """Five tokens and two output classes: each list holds what there is (it once asked for 10)."""
+    from qkov.circuits.neurons import neuron_analysis
+
+    model = model_of(n_layers=1, d_mlp=6, d_vocab=5, d_vocab_out=2, positional_embedding="standard")
+    found = neuron_analysis(model)
+    assert len(found.layers[0].neurons[0].excited_by) == 5 and len(found.layers[0].neurons[0].raises) == 2

@@ -120,7 +120,6 @@ NOT_UNDER_WHY = {
     "parallel attention and MLP": "each MLP reads the stream after its layer's attention",
     "norms after each sublayer": "writes that join the stream unnormalised",
     "logit soft-capping": "logits linear in the final residual stream",
-    "a gated MLP": "an ungated MLP (one key direction per neuron)",
 }
 # what the score-attribution steps (a head's scores split by what writes its queries and keys) and
 # path expansion cannot handle yet
@@ -267,7 +266,7 @@ STEPS: tuple[Step, ...] = (
     ),
     Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
     Step("neurons", "MLP neurons (keys and values)", neuron_step, 1, weight=2, needs_mlp=True,
-         not_under=("a gated MLP", *PATHS)),
+         not_under=PATHS),
     Step(
         "ablation_estimate", "Ablations, estimated to first order",
         lambda ctx: ablation_estimate(ctx.attribution, ctx.done["ablation"]), 2, reads=("ablation",),

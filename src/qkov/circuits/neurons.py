@@ -76,7 +76,9 @@ class Neuron:
     embedding most excites it (``excited_by``, pre-activations ``excitation``), the tokens its write
     most raises and lowers (``raises`` / ``raised``, ``lowers`` / ``lowered``, logits per unit of
     activation), its direct logit effect ``logit_effect`` (the ranking), and, in the last layer
-    with data, ``on_data``."""
+    with data, ``on_data``. In a gated MLP (``act(x W_gate) * (x W_in)``) a neuron has two key
+    directions: ``excited_by`` reads ``W_E W_in`` (what its value is multiplied by) and ``gated_by`` /
+    ``gating`` the tokens whose embedding most opens its gate (``W_E W_gate``, before ``act``)."""
 
     layer: int
     neuron: int
@@ -88,6 +90,8 @@ class Neuron:
     lowers: list[int]
     lowered: list[float]
     on_data: NeuronOnData | None = None
+    gated_by: list[int] | None = None
+    gating: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -135,10 +139,24 @@ def neuron_keys(
 ) -> tuple[Float[Tensor, "n k"], Int[Tensor, "n k"]]:
     """For each neuron, the ``k`` tokens whose embedding most excites it and their pre-activations:
     the largest entries of its column of ``W_E W_in`` (folded weights, unit scale), streamed."""
+    return _keys(model, layer, neurons, k, "W_in")
+
+
+def _keys(model: AttnOnlyTransformer, layer: int, neurons, k: int, weight: str):
     circuit = circuit_model(model)
     ids = _neuron_ids(circuit, neurons)
-    keys = _mlp(circuit, layer).W_in.detach().T[ids]  # [n, d_model]
-    return FactoredMatrix(keys, circuit.W_E.detach().T).topk_per_row(k)
+    keys = getattr(_mlp(circuit, layer), weight).detach().T[ids]  # [n, d_model]
+    return FactoredMatrix(keys, circuit.W_E.detach().T).topk_per_row(min(k, circuit.cfg.d_vocab))
+
+
+def neuron_gates(
+    model: AttnOnlyTransformer, layer: int, neurons: Int[Tensor, "n"] | None = None, k: int = TOKENS_K
+) -> tuple[Float[Tensor, "n k"], Int[Tensor, "n k"]]:
+    """In a gated MLP, for each neuron the ``k`` tokens whose embedding most opens its gate: the
+    largest entries of its column of ``W_E W_gate`` (folded weights, unit scale), streamed."""
+    if not model.cfg.gated_mlp:
+        raise QkovError("the model's MLPs are not gated: its neurons have no gate")
+    return _keys(model, layer, neurons, k, "W_gate")
 
 
 def neuron_values(
@@ -153,7 +171,9 @@ def neuron_values(
     circuit = circuit_model(model)
     ids = _neuron_ids(circuit, neurons)
     values = _mlp(circuit, layer).W_out.detach()[ids]  # [n, d_model]
-    return FactoredMatrix(values, circuit.W_U.detach()).topk_per_row(k, largest=largest)
+    return FactoredMatrix(values, circuit.W_U.detach()).topk_per_row(
+        min(k, circuit.cfg.d_out), largest=largest
+    )
 
 
 def neuron_logit_effects(model: AttnOnlyTransformer) -> Float[Tensor, "n_layers d_mlp"]:
@@ -188,8 +208,7 @@ def _last_mlp_run(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) 
         resid_mid = cache[hook_name(last, "resid_mid")]
         ln2 = model.blocks[last].ln2
         x = resid_mid if ln2 is None else ln2(resid_mid, cache[scale_hook(norm_name(last, "ln2"))])
-        pre = x @ mlp.W_in
-        post = mlp.act(pre if mlp.b_in is None else pre + mlp.b_in)
+        post = mlp.post(x)  # act(x W_in + b_in), or act(x W_gate + b_gate) * (x W_in + b_in) when gated
     scale = cache.get(scale_hook(norm_name(None, "ln_final")))
     return _LastMLP(logits, resid_mid, post, scale)
 
@@ -285,6 +304,7 @@ def _read(circuit: AttnOnlyTransformer, layer: int, ids: Tensor, effects: Tensor
     keys, key_ids = neuron_keys(circuit, layer, ids, k)
     up, up_ids = neuron_values(circuit, layer, ids, k)
     down, down_ids = neuron_values(circuit, layer, ids, k, largest=False)
+    gates, gate_ids = neuron_gates(circuit, layer, ids, k) if circuit.cfg.gated_mlp else (None, None)
     return [
         Neuron(
             layer=layer,
@@ -296,6 +316,8 @@ def _read(circuit: AttnOnlyTransformer, layer: int, ids: Tensor, effects: Tensor
             raised=up[i].tolist(),
             lowers=down_ids[i].tolist(),
             lowered=down[i].tolist(),
+            gated_by=None if gates is None else gate_ids[i].tolist(),
+            gating=None if gates is None else gates[i].tolist(),
         )
         for i, n in enumerate(ids.tolist())
     ]

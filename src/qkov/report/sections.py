@@ -815,12 +815,18 @@ def _neuron_tokens(ids: list[int], strings: list[str]) -> Raw:
 
 def _neuron_table(layer: LayerNeurons, strings: list[str]) -> str:
     on_data = layer.neurons and layer.neurons[0].on_data is not None
-    header = ["neuron", "logit effect", "excited by", "raises", "lowers"]
+    gated = layer.neurons and layer.neurons[0].gated_by is not None
+    header = (
+        ["neuron", "logit effect", "excited by"]
+        + (["gate opened by"] if gated else [])
+        + ["raises", "lowers"]
+    )
     header += ["mean activation", "target logit", "|target logit|"] if on_data else []
     rows = []
     for n in layer.neurons:
         row = [f"L{n.layer}N{n.neuron}", n.logit_effect]
-        row += [_neuron_tokens(ids, strings) for ids in (n.excited_by, n.raises, n.lowers)]
+        keys = (n.excited_by, n.gated_by) if n.gated_by is not None else (n.excited_by,)
+        row += [_neuron_tokens(ids, strings) for ids in (*keys, n.raises, n.lowers)]
         if n.on_data is not None:
             row += [n.on_data.mean_activation, n.on_data.target_logit, n.on_data.target_logit_abs]
         rows.append(row)
@@ -842,7 +848,8 @@ def neurons_section(r: Results) -> str:
         "".join(_neuron_table(layer, r.tokens) for layer in neurons.layers),
         f"Each MLP layer's top {neurons.top} neurons read through the direct path, on the LayerNorm-folded "
         "weights at unit LayerNorm scale: the tokens whose embedding most excites the neuron (its key: "
-        "W_E W_in[:, n]) and the tokens whose logits its write most raises and lowers (its value: "
+        "W_E W_in[:, n]; in a gated MLP also the tokens that most open its gate, W_E W_gate[:, n]) and "
+        "the tokens whose logits its write most raises and lowers (its value: "
         f"W_out[n] W_U), {NEURON_TOKENS_SHOWN} of the {neurons.k} in results.json. Logit effect: the "
         "root mean square over the vocabulary of W_out[n] W_U." + data,
         "MLP neurons can be read as keys (what they respond to) and values (what they write); in the "
