@@ -38,7 +38,7 @@ def agreement(name: str, config, folder: Path) -> tuple[float, float]:
     logits, cache = ours.run_with_cache(tokens)
     lp = float((logits.log_softmax(-1) - log_probs).abs().max())
     pat = max(float((cache[f"blocks.{i}.attn.hook_pattern"] - p).abs().max()) for i, p in enumerate(patterns))
-    model.to(torch.bfloat16).save_pretrained(folder / "bf16", max_shard_size="40KB")
+    model.to(torch.bfloat16).save_pretrained(folder / "bf16", max_shard_size="10KB")
     return lp, pat
 
 

@@ -64,3 +64,36 @@ def test_a_saved_import_loads_back_the_same_model(family, tmp_path):
     qkov.interop.import_checkpoint(folder, tmp_path / "out")
     model = qkov.load(tmp_path / "out").double()
     assert (model(tokens).log_softmax(-1) - log_probs).abs().max() < TOLERANCE.get(name, 1e-9)
+
+
+def test_a_bfloat16_sharded_folder_is_analysed_directly(tmp_path):
+    """``qkov analyze`` on the folder ``save_pretrained`` writes, in bfloat16 and sharded: read exactly
+    (every bfloat16 value is a float32 value), computed in float32, no import step."""
+    import json
+
+    from qkov.cli import main
+
+    model = random_hf_model(dict(CASES)["llama"]).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "hf", max_shard_size="10KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    assert qkov.interop.open_model(tmp_path / "hf").W_E.dtype == torch.float32
+    assert torch.equal(from_hf(tmp_path / "hf", fold=False).W_U, model.lm_head.weight.float().T)
+    main(["analyze", str(tmp_path / "hf"), "--out", str(tmp_path / "out"), "--quiet"])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["rotary_bands"] and results["gqa_groups"] and results["circuit"]
+    assert any("rotary positions" in note for note in results["circuit_notes"])
+    assert "not exact under" not in " ".join(results["skipped"].values())
+
+
+def test_a_half_precision_gpt2_folds_in_float32(tmp_path):
+    """GPT-2 saved in float16: folded in float32, the folded model's log-probabilities are the
+    unfolded one's to float32 rounding (a fold in half precision lost 2.4e-3)."""
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=61, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    random_hf_model(config).half().save_pretrained(tmp_path)
+    tokens = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(3))
+    unfolded, folded = from_hf(tmp_path, fold=False), from_hf(tmp_path)
+    assert folded.W_E.dtype == torch.float32
+    exact = unfolded.double()(tokens).log_softmax(-1)
+    assert (folded(tokens).log_softmax(-1).double() - exact).abs().max() < 1e-4

@@ -117,12 +117,12 @@ def bad_folder(kind, folder):
             "missing tensor h.2.ln_1.weight",
         ),
         "llama": (
-            lambda: (hf(), rewrite_config(folder, model_type="llama")),
-            "model type other than GPT-2 is not supported .model_type='llama'",
+            lambda: (hf(), rewrite_config(folder, model_type="bloom")),
+            "model_type 'bloom' is not supported .qkov reads gpt2, gemma, ",
         ),
-        "inverse layer scale": (
-            lambda: (hf(), rewrite_config(folder, scale_attn_by_inverse_layer_idx=True)),
-            "scale_attn_by_inverse_layer_idx",
+        "llama keys missing": (
+            lambda: (hf(), rewrite_config(folder, model_type="llama")),
+            "missing field num_hidden_layers",
         ),
         "activation": (
             lambda: (hf(), rewrite_config(folder, activation_function="swish")),
@@ -136,19 +136,19 @@ def bad_folder(kind, folder):
         ),
         "rotary": (
             lambda: (tlf(), rewrite_config(folder, positional_embedding_type="rotary")),
-            "positional_embedding_type='rotary'",
+            "unexpected tensor W_pos",
         ),
         "gqa": (
             lambda: (tlf(), rewrite_config(folder, n_key_value_heads=1)),
-            "grouped-query attention is not supported .n_key_value_heads=1",
+            "missing tensor blocks.0.attn._W_K",
         ),
-        "parallel": (
-            lambda: (tlf(), rewrite_config(folder, parallel_attn_mlp=True)),
-            "parallel attention and MLP .*parallel_attn_mlp",
+        "alibi": (
+            lambda: (tlf(), rewrite_config(folder, positional_embedding_type="alibi")),
+            "positional_embedding_type='alibi'",
         ),
         "rms": (
             lambda: (tlf(), rewrite_config(folder, normalization_type="RMS")),
-            "normalization_type='RMS'",
+            "unexpected tensor blocks.0.ln1.b",
         ),
         "final rms": (lambda: (tlf(), rewrite_config(folder, final_rms=True)), "final_rms"),
         "solu": (lambda: (tlf(), rewrite_config(folder, act_fn="solu_ln")), "act_fn"),
@@ -166,8 +166,8 @@ def bad_folder(kind, folder):
 
 
 BAD = [
-    *("corrupt pickle", "corrupt", "truncated", "shapes", "nan", "missing", "llama", "inverse layer scale"),
-    *("activation", "no config", "bad json", "unknown kind", "rotary", "gqa", "parallel", "rms"),
+    *("corrupt pickle", "corrupt", "truncated", "shapes", "nan", "missing", "llama", "llama keys missing"),
+    *("activation", "no config", "bad json", "unknown kind", "rotary", "gqa", "alibi", "rms"),
     *("final rms", "solu", "tl nan", "tl shapes", "no folder"),
 ]
 

@@ -57,10 +57,6 @@ def test_model_safetensors_wins_over_a_pickle_and_a_given_config_over_the_folder
         (lambda f: None, r"src: no such folder$"),
         (lambda f: f.mkdir(), r"src: no model.safetensors and no .pt, .pth or .bin state dict$"),
         (
-            lambda f: (f.mkdir(), (f / "model.safetensors.index.json").write_text("{}")),
-            r"src: sharded safetensors are not supported \(model.safetensors.index.json\)$",
-        ),
-        (
             lambda f: (f.mkdir(), torch.save({}, f / "b.pt"), torch.save({}, f / "a.bin")),
             r"src: several weights files \(a.bin, b.pt\): give the one to import$",
         ),
@@ -99,3 +95,32 @@ def test_the_first_non_finite_tensor_is_named_in_the_sources_names():
     with pytest.raises(qkov.QkovError, match=r"^src: tensor h.0.w has non-finite values \(NaN or inf\)$"):
         check_finite(tensors, "src")
     check_finite({"ok": torch.ones(2), "ids": torch.tensor([1, 2])}, "src")  # integers are never non-finite
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        ({}, "expected a weight_map of tensor names to shard files"),
+        (
+            {"weight_map": {"W": "../elsewhere.safetensors"}},
+            "shard '../elsewhere.safetensors' is not a .safetensors",
+        ),
+        (
+            {"weight_map": {"W": "a.safetensors", "V": "a.safetensors"}},
+            "the shards and the index disagree on tensor V",
+        ),
+        ({"weight_map": {"W": "b.safetensors"}}, "b.safetensors: missing"),
+    ],
+)
+def test_sharded_safetensors_are_read_through_their_index_checked(tmp_path, index, message):
+    from safetensors.torch import save_file
+
+    from qkov.interop.source import read_weights
+
+    save_file({"W": torch.ones(2)}, str(tmp_path / "a.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert weights_file(tmp_path) == tmp_path / "model.safetensors.index.json"
+    with pytest.raises(qkov.QkovError, match=message):
+        read_weights(weights_file(tmp_path))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"W": "a.safetensors"}}))
+    assert torch.equal(read_weights(weights_file(tmp_path))["W"], torch.ones(2))

@@ -140,7 +140,7 @@ BAD = {
         lambda f: rewrite(f, d_model=16),
         r"tensor W_E has shape \(19, 12\), config expects \(19, 16\)",
     ),
-    "rms": (lambda f: rewrite(f, normalization="RMS"), "normalization_type='RMS'"),
+    "rms": (lambda f: rewrite(f, normalization="RMS"), "unexpected tensor blocks.0.ln1.b"),
 }
 
 

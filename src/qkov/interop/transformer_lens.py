@@ -38,8 +38,9 @@ from qkov.model import Transformer
 
 _TOP_LEVEL = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U", "b_U": "unembed.b_U"}
 _FROM_TOP_LEVEL = {theirs: ours for ours, theirs in _TOP_LEVEL.items()}
-_BUFFERS = (".attn.mask", ".attn.IGNORE")  # TransformerLens' state dict holds these; they are not weights
-_NORMALIZATIONS = {None: "none", "LN": "LN", "LNPre": "LNPre"}
+# TransformerLens' state dict holds these; they are not weights
+_BUFFERS = (".attn.mask", ".attn.IGNORE", ".attn.rotary_sin", ".attn.rotary_cos")
+_NORMALIZATIONS = {None: "none", "LN": "LN", "LNPre": "LNPre", "RMS": "RMS", "RMSPre": "RMSPre"}
 
 
 def to_transformer_lens(model: Transformer) -> dict[str, torch.Tensor]:
@@ -50,10 +51,12 @@ def to_transformer_lens(model: Transformer) -> dict[str, torch.Tensor]:
     for name, param in model.named_parameters():
         state[_TOP_LEVEL.get(name, name)] = param.detach().clone()
     cfg = model.cfg
+    _check_gated_biases(state, cfg)
+    kv = "_" if cfg.n_kv_heads != cfg.n_heads else ""
     zeros = {
         "attn.b_Q": (cfg.n_heads, cfg.d_head),
-        "attn.b_K": (cfg.n_heads, cfg.d_head),
-        "attn.b_V": (cfg.n_heads, cfg.d_head),
+        f"attn.{kv}b_K": (cfg.n_kv_heads, cfg.d_head),
+        f"attn.{kv}b_V": (cfg.n_kv_heads, cfg.d_head),
         "attn.b_O": (cfg.d_model,),
     }
     if cfg.has_mlp:
@@ -64,6 +67,21 @@ def to_transformer_lens(model: Transformer) -> dict[str, torch.Tensor]:
             state.setdefault(f"blocks.{layer}.{bias}", torch.zeros(shape, dtype=dtype))
     state.setdefault("unembed.b_U", torch.zeros(cfg.d_out, dtype=dtype))
     return state
+
+
+def _check_gated_biases(state: dict[str, torch.Tensor], cfg: Config) -> None:
+    """TransformerLens' gated MLP adds ``b_in`` after the gate (``act(x W_gate) * (x W_in) + b_in``)
+    and has no gate bias: a gated model's biases there must be zero to move either way (dropped)."""
+    if not cfg.gated_mlp:
+        return
+    for layer in range(cfg.n_layers):
+        for name in (f"blocks.{layer}.mlp.b_in", f"blocks.{layer}.mlp.b_gate"):
+            bias = state.pop(name, None)
+            if bias is not None and bool(bias.any()):
+                raise QkovError(
+                    f"{name}: TransformerLens' gated MLP adds b_in after the gate and has no gate bias; "
+                    "a gated MLP with these biases cannot move between the two"
+                )
 
 
 def hooked_state(model: Transformer) -> dict[str, torch.Tensor]:
@@ -91,6 +109,7 @@ def hooked_transformer_config(cfg: Config, dtype: torch.dtype, cache_head_result
     tl = _import_transformer_lens("hooked_transformer_config")
     return tl.HookedTransformerConfig(
         **shape_fields(cfg),
+        **transformer_lens_fields(cfg),
         d_vocab_out=cfg.d_out,
         act_fn=cfg.act_fn if cfg.has_mlp else None,
         device="cpu",
@@ -100,6 +119,63 @@ def hooked_transformer_config(cfg: Config, dtype: torch.dtype, cache_head_result
         if cfg.positional_embedding == "none"
         else cfg.positional_embedding,
     )
+
+
+def transformer_lens_fields(cfg: Config) -> dict[str, Any]:
+    """The TransformerLens config fields of a qkov config's newer options (the inverse of
+    :func:`transformer_lens_options`), refusing in one line what TransformerLens cannot express."""
+    windows = {w for w in cfg.layer_windows or () if w is not None}
+    for refused, why in (
+        (cfg.qk_norm == "all", "a query norm over all heads (OLMo 2)"),
+        (not cfg.pre_norms, "norms after each sublayer only (OLMo 2)"),
+        (len(windows) > 1, "sliding windows of several sizes"),
+    ):
+        if refused:
+            raise QkovError(f"TransformerLens has no {why}: this model cannot be exported to it")
+    fields: dict[str, Any] = dict(
+        n_key_value_heads=cfg.n_key_value_heads,
+        gated_mlp=cfg.gated_mlp,
+        parallel_attn_mlp=cfg.parallel_attn_mlp,
+        use_qk_norm=cfg.qk_norm == "head",
+        use_normalization_before_and_after=cfg.post_norms,
+        scale_attn_by_inverse_layer_idx=cfg.scale_attn_by_inverse_layer_idx,
+        attn_scores_soft_cap=cfg.attn_scores_soft_cap or -1.0,
+        output_logits_soft_cap=cfg.output_logits_soft_cap or -1.0,
+        attention_dir=cfg.attention_dir,
+    )
+    if cfg.attn_scale is not None:
+        fields["attn_scale"] = cfg.attn_scale
+    if windows:
+        fields |= dict(
+            use_local_attn=True,
+            window_size=windows.pop(),
+            attn_types=["global" if w is None else "local" for w in cfg.layer_windows],
+        )
+    if cfg.positional_embedding == "rotary":
+        fields |= _rotary_fields(cfg)
+    return fields
+
+
+def _rotary_fields(cfg: Config) -> dict[str, Any]:
+    scaling = cfg.rotary_scaling or {}
+    fields = dict(
+        rotary_dim=cfg.rotary_dim or cfg.d_head,
+        rotary_base=cfg.rotary_base,
+        rotary_adjacent_pairs=cfg.rotary_interleaved,
+    )
+    if scaling.get("rope_type") == "llama3":
+        fields |= dict(
+            use_NTK_by_parts_rope=True,
+            NTK_by_parts_factor=scaling["factor"],
+            NTK_by_parts_low_freq_factor=scaling["low_freq_factor"],
+            NTK_by_parts_high_freq_factor=scaling["high_freq_factor"],
+            NTK_original_ctx_len=scaling["original_max_position_embeddings"],
+        )
+    elif scaling.get("rope_type") == "linear":
+        fields["rotary_scaling_factor"] = scaling["factor"]
+    if cfg.rotary_local_base is not None:
+        fields["rotary_base_local"] = cfg.rotary_local_base
+    return fields
 
 
 def to_hooked_transformer(model: Transformer, cache_head_results: bool = True):
@@ -162,25 +238,21 @@ def save_transformer_lens(hooked: Any, folder: str | os.PathLike) -> Path:
 
 # (config key, unsupported when, the feature's name)
 _UNSUPPORTED = (
-    ("positional_embedding_type", lambda v: v not in ("standard", "shortformer"), "these positions"),
-    ("normalization_type", lambda v: v not in _NORMALIZATIONS, "this normalization (only LayerNorm)"),
-    ("n_key_value_heads", lambda v: v is not None, "grouped-query attention"),
-    ("parallel_attn_mlp", bool, "parallel attention and MLP"),
-    ("gated_mlp", bool, "a gated MLP"),
+    (
+        "positional_embedding_type",
+        lambda v: v not in ("standard", "shortformer", "rotary"),
+        "these positions",
+    ),
+    ("normalization_type", lambda v: v not in _NORMALIZATIONS, "this normalization"),
     ("final_rms", bool, "a final RMSNorm"),
-    ("use_local_attn", bool, "local attention"),
-    ("attention_dir", lambda v: v != "causal", "non-causal attention"),
     ("num_experts", lambda v: v not in (None, 0, 1), "mixture of experts"),
-    ("use_attn_scale", lambda v: v is False, "attention without the 1/sqrt(d_head) scale"),
-    ("use_normalization_before_and_after", bool, "norms after each layer as well as before"),
     ("post_embedding_ln", bool, "a LayerNorm after the embedding"),
-    ("use_qk_norm", bool, "query and key norms"),
-    ("scale_attn_by_inverse_layer_idx", bool, "attention scaled by the inverse layer index"),
-    ("attn_scores_soft_cap", lambda v: v is not None and v > 0, "attention soft-capping"),
-    ("output_logits_soft_cap", lambda v: v is not None and v > 0, "logit soft-capping"),
     ("use_attention_sinks", bool, "attention sinks"),
     ("use_logn_attn", bool, "log-n attention scaling"),
+    ("use_yarn_rope", bool, "YaRN rotary scaling"),
+    ("use_dynamic_ntk_rope", bool, "dynamic NTK rotary scaling"),
     ("clip_qkv", lambda v: v is not None, "clipped queries, keys and values"),
+    ("ungroup_grouped_query_attention", bool, "grouped-query attention stored ungrouped"),
 )
 _REQUIRED = ("n_layers", "n_heads", "d_model", "d_head", "d_vocab", "n_ctx")
 
@@ -205,13 +277,7 @@ def transformer_lens_config(data: dict, where: str) -> Config:
         raise QkovError(
             f"{where}: activation {act_fn!r} is not supported (act_fn; one of {', '.join(ACT_FNS)})"
         )
-    scale, out = data.get("attn_scale"), data.get("d_vocab_out", -1)
-    if scale is not None and scale <= 0:
-        scale = None  # TransformerLens 4's mark for the default, sqrt(d_head)
-    if scale is not None and not math.isclose(float(scale), math.sqrt(data["d_head"]), rel_tol=1e-9):
-        raise QkovError(
-            f"{where}: an attention scale other than sqrt(d_head) is not supported (attn_scale={scale})"
-        )
+    out = data.get("d_vocab_out", -1)
     return Config(
         **{key: data[key] for key in _REQUIRED},
         positional_embedding=data.get("positional_embedding_type", "standard"),
@@ -221,12 +287,74 @@ def transformer_lens_config(data: dict, where: str) -> Config:
         ln_eps=float(data.get("eps", 1e-5)),
         source="transformer_lens",
         d_vocab_out=None if out in (-1, None, data["d_vocab"]) else out,
+        **transformer_lens_options(data),
+    )
+
+
+def transformer_lens_options(data: dict) -> dict[str, Any]:
+    """The options of the newer architectures a TransformerLens config sets, in qkov's fields."""
+    heads, kv = data["n_heads"], data.get("n_key_value_heads")
+    scale = data.get("attn_scale")
+    if data.get("use_attn_scale") is False:
+        scale = 1.0
+    elif scale is None or scale <= 0 or math.isclose(float(scale), math.sqrt(data["d_head"]), rel_tol=1e-12):
+        scale = None  # the default, sqrt(d_head) (TransformerLens 4 marks it with -1)
+    windows = None
+    if data.get("use_local_attn") and data.get("attn_types"):
+        windows = tuple(data["window_size"] if t == "local" else None for t in data["attn_types"])
+    options = dict(
+        n_key_value_heads=None if kv in (None, heads) else kv,
+        gated_mlp=bool(data.get("gated_mlp")),
+        parallel_attn_mlp=bool(data.get("parallel_attn_mlp")),
+        attn_scale=scale,
+        qk_norm="head" if data.get("use_qk_norm") else "none",
+        post_norms=bool(data.get("use_normalization_before_and_after")),
+        scale_attn_by_inverse_layer_idx=bool(data.get("scale_attn_by_inverse_layer_idx")),
+        attn_scores_soft_cap=_cap(data.get("attn_scores_soft_cap")),
+        output_logits_soft_cap=_cap(data.get("output_logits_soft_cap")),
+        layer_windows=windows,
+        attention_dir=data.get("attention_dir", "causal"),
+    )
+    return options | (_tl_rotary(data) if data.get("positional_embedding_type") == "rotary" else {})
+
+
+def _cap(value: Any) -> float | None:
+    return float(value) if value is not None and value > 0 else None
+
+
+def _tl_rotary(data: dict) -> dict[str, Any]:
+    """TransformerLens' rotary settings: ``rotary_adjacent_pairs`` is GPT-J's interleaved layout,
+    ``use_NTK_by_parts_rope`` Llama 3's scaling, ``rotary_scaling_factor`` the linear one."""
+    scaling = None
+    if data.get("use_NTK_by_parts_rope"):
+        scaling = {
+            "rope_type": "llama3",
+            "factor": data["NTK_by_parts_factor"],
+            "low_freq_factor": data["NTK_by_parts_low_freq_factor"],
+            "high_freq_factor": data["NTK_by_parts_high_freq_factor"],
+            "original_max_position_embeddings": data["NTK_original_ctx_len"],
+        }
+    elif data.get("rotary_scaling_factor", 1.0) not in (None, 1.0):
+        scaling = {"rope_type": "linear", "factor": float(data["rotary_scaling_factor"])}
+    rotary = data.get("rotary_dim")
+    return dict(
+        rotary_dim=None if rotary in (None, data["d_head"]) else rotary,
+        rotary_base=float(data.get("rotary_base", 10000)),
+        rotary_interleaved=bool(data.get("rotary_adjacent_pairs")),
+        rotary_scaling=scaling,
+        rotary_local_base=data.get("rotary_base_local"),
     )
 
 
 def transformer_lens_tensors(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """TransformerLens' weights (its mask buffers dropped) in qkov's names."""
     return {_FROM_TOP_LEVEL.get(name, name): t for name, t in weights.items()}
+
+
+def _drop_gated_biases(tensors: dict[str, torch.Tensor], cfg: Config) -> dict[str, torch.Tensor]:
+    tensors = dict(tensors)
+    _check_gated_biases(tensors, cfg)
+    return tensors
 
 
 def from_transformer_lens(
@@ -251,4 +379,5 @@ def from_transformer_lens(
         tokenizer = None
     weights = {name: t for name, t in tensors.items() if not name.endswith(_BUFFERS)}
     check_finite(weights, where)
-    return model_from_source(cfg, transformer_lens_tensors(weights), where, tokenizer, fold)
+    tensors = _drop_gated_biases(transformer_lens_tensors(weights), cfg)
+    return model_from_source(cfg, tensors, where, tokenizer, fold)
