@@ -66,9 +66,9 @@ def main() -> None:
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(
-        "| family | imports | log-prob vs transformers | attention | steps run | not exact under a feature; other skips | time |"
-    )
+    columns = ["family", "imports", "log-prob vs transformers", "attention", "steps run",
+               "not exact under a feature; other skips", "time"]  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
     print("|---|---|---|---|---|---|---|")
     for name, config in family_configs():
         if only and name not in only:
@@ -84,9 +84,8 @@ def main() -> None:
                    if v.startswith("not exact under")]  # fmt: skip
         other = len(skipped) - len(feature)
         why = ", ".join(feature) or "none"
-        print(
-            f"| {name} | yes | {lp:.1e} | {pat:.1e} | {len(ran)} | {why}; {other} not applicable | {seconds:.1f} s |"
-        )
+        row = [name, "yes", f"{lp:.1e}", f"{pat:.1e}", str(len(ran)), f"{why}; {other} not applicable"]
+        print("| " + " | ".join([*row, f"{seconds:.1f} s"]) + " |")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,13 @@ import torch
 from safetensors.torch import save_file
 
 import qkov
-from qkov.interop.agreement import checked_agreement, forward_reference, log_prob_difference, reference_file
+from qkov.interop.agreement import (
+    checked_agreement,
+    forward_reference,
+    log_prob_difference,
+    reference_file,
+    reference_tolerance,
+)
 
 V = 5
 CFG = qkov.Config(n_layers=1, n_heads=2, d_model=6, d_head=3, d_vocab=V, n_ctx=4)
@@ -87,3 +93,15 @@ def test_a_reference_file_holds_tokens_and_logits(tmp_path):
     save_file({"tokens": TOKENS}, tmp_path / "half.safetensors")
     with pytest.raises(qkov.QkovError, match=r"half.safetensors: missing tensor logits \(a reference holds"):
         reference_file(tmp_path / "half.safetensors")
+
+
+def test_a_float32_reference_is_judged_by_float32_rounding():
+    """Float32 logits of size ~30 differ from float64 by float32 rounding, far below a layout error."""
+    model = uniform_model()
+    logits = raised_logit(30.0).float()
+    assert reference_tolerance(logits.double()) == 1e-4
+    allowed = reference_tolerance(logits)
+    assert allowed == pytest.approx(1024 * torch.finfo(torch.float32).eps * abs(math.log(1 / 6)), rel=1e-6)
+    with pytest.raises(qkov.QkovError, match="above the tolerance 0.0002"):
+        checked_agreement(model, TOKENS, logits, "the source")  # log(5/3) apart: a layout error
+    assert "5.1e-01" in checked_agreement(model, TOKENS, logits, "the source", tolerance=1.0)

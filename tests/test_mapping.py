@@ -171,3 +171,16 @@ def test_a_bad_mapping_gives_one_line(tmp_path, capsys, kind):
     err = capsys.readouterr().err.strip()
     assert err.startswith("qkov: error: ") and "\n" not in err and re.search(message, err), err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_mapping_says_the_attention_is_bidirectional():
+    """A mapping's config takes every qkov field: a bidirectional model (a classifier reading the
+    whole sequence) no longer imports silently as causal, and its forward then differs from the
+    causal one's by order one, which the agreement check would catch."""
+    plain = PlainModel().double().eval()
+    spec = mapping()
+    spec["config"]["attention_dir"] = "bidirectional"
+    model = qkov.from_weights(plain.state_dict(), spec)
+    assert model.cfg.attention_dir == "bidirectional"
+    tokens = torch.randint(0, D_VOCAB, (2, N_CTX), generator=torch.Generator().manual_seed(3))
+    assert log_prob_difference(model, tokens, plain(tokens).detach()) > 1e-3

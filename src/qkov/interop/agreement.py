@@ -38,16 +38,30 @@ def log_prob_difference(
     return float((ours - theirs).abs().max())
 
 
+def reference_tolerance(reference: Tensor) -> float:
+    """The largest log-probability difference a correct import may show against ``reference``:
+    :data:`TOLERANCE`, or, for logits saved in float32 or half precision, 1024 units in the last
+    place of the reference's largest log-probability when that is more (a float32 forward's own
+    rounding grows with the logits: a trained classifier's TransformerLens float32 log-probabilities
+    differ from float64 by 2.6e-4). A wrong layout differs by order one, far above either."""
+    if reference.dtype == torch.float64 or not reference.dtype.is_floating_point:
+        return TOLERANCE
+    largest = float(reference.detach().double().log_softmax(-1).abs().nan_to_num(0).max())
+    return max(TOLERANCE, 1024 * torch.finfo(reference.dtype).eps * max(1.0, largest))
+
+
 def checked_agreement(
-    model: Transformer, tokens: Tensor, reference: Tensor, what: str, tolerance: float = TOLERANCE
+    model: Transformer, tokens: Tensor, reference: Tensor, what: str, tolerance: float | None = None
 ) -> str:
     """The line that reports the agreement with ``what``; raises :class:`QkovError` (one line)
-    when the largest log-probability difference exceeds ``tolerance``."""
+    when the largest log-probability difference exceeds ``tolerance`` (default: what the
+    reference's precision allows, :func:`reference_tolerance`)."""
+    tolerance = reference_tolerance(reference) if tolerance is None else tolerance
     difference = log_prob_difference(model, tokens, reference)
     batch, pos = model.check_tokens(tokens).shape
     line = f"largest log-probability difference against {what}: {difference:.1e} ({batch} x {pos} tokens)"
     if not difference <= tolerance:
-        raise QkovError(f"the imported model disagrees: {line}, above the tolerance {tolerance:g}")
+        raise QkovError(f"the imported model disagrees: {line}, above the tolerance {tolerance:.2g}")
     return line
 
 

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.interop.agreement import TOLERANCE, checked_agreement, forward_reference
+from qkov.interop.agreement import checked_agreement, forward_reference
 from qkov.interop.source import check_finite, model_from_source, read_weights, weights_file
 from qkov.io import read_json
 from qkov.model import Transformer
@@ -187,7 +187,7 @@ def from_weights(
     fold: bool = True,
     forward: Callable[[Tensor], Tensor] | None = None,
     tokens: Tensor | None = None,
-    tolerance: float = TOLERANCE,
+    tolerance: float | None = None,
 ) -> Transformer:
     """A qkov model from weights in any layout: a state dict, or a file (``.safetensors``, or a
     pickled ``.pt``/``.pth``/``.bin`` read by :mod:`qkov.pickles`) or a folder holding one,
