@@ -30,6 +30,7 @@ from qkov.circuits.copying import (
     direct_copying,
     random_copying_scores,
 )
+from qkov.circuits.groups import GroupSimilarity, group_similarity
 from qkov.circuits.mechanisms import InductionMechanism, induction_mechanisms
 from qkov.circuits.neurons import (
     Neurons,
@@ -59,10 +60,11 @@ from qkov.circuits.qk_ov import (
     shared_full_ov_circuit,
     shared_full_qk_circuit,
 )
+from qkov.circuits.rotary_bands import RotaryBands, rotary_bands
 from qkov.circuits.spectra import HeadSpectrum, head_spectra
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.interop import from_hf, from_transformer_lens, from_weights
+from qkov.interop import from_hf, from_transformer_lens, from_weights, open_model
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix, TopK
 from qkov.model import AttnOnlyTransformer, Transformer
 from qkov.results import Reproduction, Results, load_results
@@ -99,6 +101,11 @@ __all__ = [
     "from_hf",
     "from_transformer_lens",
     "from_weights",
+    "group_similarity",
+    "GroupSimilarity",
+    "open_model",
+    "rotary_bands",
+    "RotaryBands",
     "frozen_patterns",
     "full_ov_circuit",
     "full_qk_circuit",

@@ -199,6 +199,11 @@ def to_transformer_bridge(model: Transformer):
     A shortformer model is refused (the native bridge has no such positions); with TransformerLens
     3.x, use :func:`to_hooked_transformer`."""
     require_transformer_lens(4, "to_transformer_bridge", "use qkov.interop.to_hooked_transformer")
+    if model.cfg.features:
+        raise QkovError(
+            f"to_transformer_bridge: a model with {model.cfg.features[0]} is not exported to "
+            "TransformerLens 4's native bridge; TransformerLens 3's to_hooked_transformer takes it"
+        )
     return boot_bridge(model.cfg, hooked_state(model))
 
 
