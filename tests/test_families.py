@@ -97,3 +97,17 @@ def test_a_half_precision_gpt2_folds_in_float32(tmp_path):
     assert folded.W_E.dtype == torch.float32
     exact = unfolded.double()(tokens).log_softmax(-1)
     assert (folded(tokens).log_softmax(-1).double() - exact).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "gptj", "llama", "gemma", "gpt_bigcode"])
+def test_path_expansion_and_the_last_mlp_split_are_exact(name, tmp_path):
+    """Frozen patterns, norm scales and MLP writes make the model affine in its embedding whichever
+    way its blocks are wired (a parallel block's MLP write is frozen like any other): the path terms
+    sum to the logits, and the last MLP's neurons split its write exactly."""
+    model = random_hf_model(dict(CASES)[name])
+    model.save_pretrained(tmp_path)
+    ours = from_hf(tmp_path).double()
+    tokens = torch.randint(0, ours.cfg.d_vocab, (2, 10), generator=torch.Generator().manual_seed(4))
+    terms = qkov.path_expansion(ours, tokens, by="order")
+    assert (sum(terms.values()) - ours(tokens)).abs().max() < 1e-9
+    assert qkov.neuron_analysis(ours, tokens).max_error < 1e-9

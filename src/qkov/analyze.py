@@ -117,7 +117,6 @@ NOT_UNDER_WHY = {
     "rotary positions": "unrotated queries and keys",
     "query and key norms": "scores bilinear in the residual stream",
     "attention soft-capping": "scores bilinear in the residual stream",
-    "parallel attention and MLP": "each MLP reads the stream after its layer's attention",
     "norms after each sublayer": "writes that join the stream unnormalised",
     "logit soft-capping": "logits linear in the final residual stream",
 }
@@ -128,7 +127,7 @@ SCORE_ATTRIBUTION = (
     "attention soft-capping",
     "norms after each sublayer",
 )
-PATHS = ("parallel attention and MLP", "norms after each sublayer", "logit soft-capping")
+PATHS = ("norms after each sublayer", "logit soft-capping")
 
 
 # -- the steps: behavioural ones run ``ctx.model``, weight-based ones read ``ctx.circuit`` ---------

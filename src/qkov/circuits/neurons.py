@@ -206,8 +206,10 @@ def _last_mlp_run(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) 
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens)
         resid_mid = cache[hook_name(last, "resid_mid")]
-        ln2 = model.blocks[last].ln2
-        x = resid_mid if ln2 is None else ln2(resid_mid, cache[scale_hook(norm_name(last, "ln2"))])
+        block = model.blocks[last]  # a parallel block's MLP reads the stream before its attention
+        read = cache[hook_name(last, "resid_pre")] if block.parallel else resid_mid
+        ln2 = block.ln2
+        x = read if ln2 is None else ln2(read, cache[scale_hook(norm_name(last, "ln2"))])
         post = mlp.post(x)  # act(x W_in + b_in), or act(x W_gate + b_gate) * (x W_in + b_in) when gated
     scale = cache.get(scale_hook(norm_name(None, "ln_final")))
     return _LastMLP(logits, resid_mid, post, scale)
