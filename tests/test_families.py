@@ -111,3 +111,27 @@ def test_path_expansion_and_the_last_mlp_split_are_exact(name, tmp_path):
     terms = qkov.path_expansion(ours, tokens, by="order")
     assert (sum(terms.values()) - ours(tokens)).abs().max() < 1e-9
     assert qkov.neuron_analysis(ours, tokens).max_error < 1e-9
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_neox"])
+def test_the_explorer_serves_a_family_folder(name, tmp_path):
+    """``qkov serve FOLDER`` on a Hugging Face folder: every view of a head, a pair and the model
+    answers (the circuits read the circuit view: rotation, norms' gains, groups)."""
+    from fastapi.testclient import TestClient
+    from served import get
+
+    from qkov.serve.app import create_app
+    from qkov.serve.explorer import Explorer
+    from qkov.serve.jobs import Jobs
+
+    random_hf_model(dict(CASES)[name]).save_pretrained(tmp_path)
+    client = TestClient(
+        create_app(Explorer(qkov.open_model(tmp_path), name), Jobs(cache_bytes=2**22, workers=1))
+    )
+    assert get(client, "/api/model")["config"]["source"] == "huggingface"
+    assert len(get(client, "/api/heads")["heads"]) == 8
+    for view in ("ov", "qk"):
+        assert get(client, f"/api/head/L1H1/{view}", token=3)
+    assert get(client, "/api/paths", text="#1 #2 #3 #4 #1 #2", pos=4)
+    assert get(client, "/api/pair", writer="L0H1", reader="L1H2", kind="K")
+    assert get(client, "/api/neuron", layer=1, neuron=3)
