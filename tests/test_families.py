@@ -118,11 +118,12 @@ def test_the_explorer_serves_a_family_folder(name, tmp_path):
     """``qkov serve FOLDER`` on a Hugging Face folder: every view of a head, a pair and the model
     answers (the circuits read the circuit view: rotation, norms' gains, groups)."""
     from fastapi.testclient import TestClient
-    from served import get
 
     from qkov.serve.app import create_app
     from qkov.serve.explorer import Explorer
     from qkov.serve.jobs import Jobs
+
+    from served import get
 
     random_hf_model(dict(CASES)[name]).save_pretrained(tmp_path)
     client = TestClient(
