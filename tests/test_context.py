@@ -172,3 +172,14 @@ def test_rerun_user_takes_whole_sequences_at_least_one(monkeypatch, limit, seque
     got, targets, description = ctx.rerun_user(per_token)
     assert torch.equal(got, tokens[:sequences]) and torch.equal(targets, tokens.roll(-1, 1)[:sequences])
     assert description == ("my.npy" if sequences == 5 else f"my.npy ({sequences} x 7 tokens)")
+
+
+def test_the_repeat_period_fits_the_shortest_sliding_window():
+    """An induction head reads ``period - 1`` tokens back; a layer with a window of ``w`` sees
+    ``w - 1`` back, so the repeats' period is at most the shortest window."""
+    cfg = dataclasses.replace(CFG, n_layers=2, layer_windows=(None, 4))
+    ctx = context_of(qkov.AttnOnlyTransformer(cfg))
+    assert ctx.period == 4 and ctx.repeated.shape[1] == 3 * 4
+    allowed = qkov.AttnOnlyTransformer(cfg).blocks[1].attn.mask(12, torch.device("cpu"))
+    assert allowed[11, 11 - (ctx.period - 1)] and not allowed[11, 11 - ctx.period]
+    assert context_of(qkov.AttnOnlyTransformer(CFG)).period == 10  # no window: the context decides

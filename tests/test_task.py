@@ -144,7 +144,13 @@ def test_a_classifier_is_analysed_end_to_end(tmp_path, capsys):
         "ablation",
         "ablation_estimate",
     }
-    assert set(results.skipped) == square | {"bigram", "skip_trigrams", "neurons"}  # attention-only
+    assert set(results.skipped) == square | {
+        "bigram",
+        "skip_trigrams",
+        "neurons",
+        "rotary_bands",
+        "gqa_groups",
+    }
     assert all("square token-to-token circuit" in results.skipped[name] for name in square)
     assert all(getattr(results, name) is None for name in results.skipped)
     user = read_user_tokens(tmp_path / "x.npy", tmp_path / "y.pt", model.cfg)
