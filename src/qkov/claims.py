@@ -252,7 +252,9 @@ def phase_change_claim(two: Results) -> Claim:
         error=error,
         interval=z_interval(figure, error) if figure is not None else None,
         threshold=0.0 if figure is not None else None,
-        note="figure: the control test's margin (nats); error from the logged series' scatter",
+        note=""
+        if figure is None
+        else "figure: the control test's margin (nats); error from the logged series' scatter",
     )
 
 
@@ -347,9 +349,9 @@ def figure_text(claim: Claim) -> str:
 
 
 def tally(claims: list[Claim]) -> str:
-    """``"7 hold, 1 does not hold, 1 undetermined"``: every verdict's count."""
+    """``"7 hold, 1 do not hold, 1 undetermined"``: every verdict's count."""
     counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
-    return f"{counts[HOLDS]} hold, {counts[FAILS]} {FAILS}, {counts[UNDETERMINED]} {UNDETERMINED}"
+    return f"{counts[HOLDS]} hold, {counts[FAILS]} do not hold, {counts[UNDETERMINED]} {UNDETERMINED}"
 
 
 def summary_table(claims: list[Claim]) -> str:

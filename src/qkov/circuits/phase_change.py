@@ -362,5 +362,6 @@ def describe(change: PhaseChange) -> str:
         f"{change.window_decades:.2f} decades ({v.get('induction_score')}; best induction score "
         f"{change.initial_induction:.2f} to {change.final_induction:.2f}); {icl}; "
         f"bump: {v.get('loss_bump')}; "
-        f"{control}; ICL noise {_pm(change.icl_noise, None)} nats an evaluation"
+        f"{control}"
+        + ("" if change.icl_noise is None else f"; ICL noise {change.icl_noise:.3f} nats an evaluation")
     )
