@@ -157,12 +157,20 @@ def test_the_induction_claim_fails_without_a_previous_token_head_or_its_k_compos
     t = two.repeated_tokens
     weak = [replace(h, previous_token_score=0.2) if h.layer == 0 else h for h in t.heads]
     assert induction_claim(replace(two, repeated_tokens=replace(t, heads=weak))).verdict == FAILS
+    unsure = [
+        replace(h, previous_token_score=0.55, previous_token_score_se=0.1) if h.layer == 0 else h
+        for h in t.heads
+    ]
+    claim = induction_claim(replace(two, repeated_tokens=replace(t, heads=unsure)))
+    assert claim.verdict == UNDETERMINED and claim.error == 0.1  # 0.55 is within its error of 0.5
     checks = [replace(c, k_composition_positivity=0.1) for c in two.induction_check]
     assert induction_claim(replace(two, induction_check=checks)).verdict == FAILS
 
 
-def with_repeats(r: Results, losses: list[float]) -> Results:
-    return replace(r, repeated_tokens=replace(r.repeated_tokens, loss_per_repeat=losses))
+def with_repeats(r: Results, losses: list[float], error: float | None = 0.05) -> Results:
+    return replace(
+        r, repeated_tokens=replace(r.repeated_tokens, loss_per_repeat=losses, repeat_drop_se=error)
+    )
 
 
 def test_the_repeat_loss_claim_follows_its_rule(models):
@@ -170,6 +178,8 @@ def test_the_repeat_loss_claim_follows_its_rule(models):
     drop = repeat_loss_claim(one, with_repeats(models["2-layer"], [8.0, 2.0, 1.5]))
     assert drop.verdict == HOLDS and "8.00 / 2.00 / 1.50" in drop.measured and drop.figure == 6.0
     assert repeat_loss_claim(one, with_repeats(models["2-layer"], [8.0, 7.9, 7.9])).verdict == FAILS
+    near = repeat_loss_claim(one, with_repeats(models["2-layer"], [8.0, 6.9, 6.9], error=0.2))
+    assert near.verdict == UNDETERMINED and near.error == 0.2  # 1.1 nats, within its error of 1.0
     assert "falls by more than 1.0 nat" in drop.rule
 
 

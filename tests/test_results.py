@@ -76,6 +76,10 @@ def without_later_keys(old: dict) -> dict:
             assert old["phase_change"].pop(key) is None
     for row in old["training"]:  # version 4: the ICL score's standard error, not in these logs
         assert row.pop("icl_score_se") is None
+    if old["repeated_tokens"]:  # version 4: standard errors over the sequences
+        old["repeated_tokens"].pop("repeat_drop_se")
+        for head in old["repeated_tokens"]["heads"]:
+            head.pop("previous_token_score_se"), head.pop("induction_score_se")
     if old["composition"]:  # version 4: the random composition scores' spread
         assert old["composition"].pop("baseline_sd") > 0
     for key in ("d_vocab_out", "bos_token_id"):

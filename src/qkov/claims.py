@@ -185,20 +185,24 @@ def induction_claim(two: Results) -> Claim:
         f"{checks[h.name].k_composition_positivity:+.2f}, OV copying {copying.get(h.name) or 0.0:+.2f})"
         for h in induction
     )
-    prev_score = prev.previous_token_score or 0.0
-    verdict = HOLDS if prev_score > PREVIOUS_TOKEN_HEAD and composing else FAILS
+    prev_score, prev_error = prev.previous_token_score or 0.0, prev.previous_token_score_se
+    verdict = all_of(decide(prev_score - PREVIOUS_TOKEN_HEAD, prev_error), HOLDS if composing else FAILS)
     return Claim(
         "Two layers: a previous-token head in layer 0, and induction heads in layer 1 that K-compose with it",
         "Induction heads use K-composition with a previous-token head to attend to the token after an "
         "earlier copy of the current one.",
         f"{prev.name}: previous-token score {prev_score:.2f}; induction heads (score above "
-        f"{INDUCTION_HEAD}): {described or 'none'} (on {t.sequences} repeated random sequences)",
+        f"{INDUCTION_HEAD}): {described or 'none'} (on {t.sequences} repeated random sequences)"
+        + ("" if prev_error is None else f"; previous-token score's standard error {prev_error:.3f}"),
         f"the best layer-0 previous-token score is above {PREVIOUS_TOKEN_HEAD}, and an induction head's "
         f"strongest K-composition is with that head, positivity above {K_COMPOSITION_POSITIVITY}",
         verdict,
         figure=prev_score,
+        error=prev_error,
+        interval=z_interval(prev_score, prev_error),
         threshold=PREVIOUS_TOKEN_HEAD,
-        note="error not measured: the scores are means over the sequences, their spread is not kept",
+        note="figure: the best previous-token score; error over the sequences; the K-composition "
+        "positivity is read without an error",
     )
 
 
@@ -214,10 +218,12 @@ def repeat_loss_claim(one: Results, two: Results) -> Claim:
         "2-layer: " + " / ".join(f"{x:.2f}" for x in repeats) + f" nats per repeat (drop {drop:.2f}); "
         f"1-layer: {one_layer}",
         f"the 2-layer loss falls by more than {REPEAT_LOSS_DROP} nat from the first repeat to the second",
-        decide(drop - REPEAT_LOSS_DROP, None),
+        decide(drop - REPEAT_LOSS_DROP, two.repeated_tokens.repeat_drop_se),
         figure=drop,
+        error=two.repeated_tokens.repeat_drop_se,
+        interval=z_interval(drop, two.repeated_tokens.repeat_drop_se),
         threshold=REPEAT_LOSS_DROP,
-        note="error not measured: the losses are means over the sequences, their spread is not kept",
+        note="error: over the sequences",
     )
 
 
