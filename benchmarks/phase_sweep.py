@@ -144,7 +144,8 @@ def control_for(run: Path) -> Path | None:
 def table(folder: Path) -> None:
     """Each 2-layer run judged by :func:`qkov.circuits.phase_change.phase_change`, with the 1-layer
     run of its seed as control; the tokens at which the window opens and closes, its width, the
-    signatures inside it, and the last evaluation's scores."""
+    last evaluation's scores, the control test's verdict and margin (nats), the signatures that
+    hold and the verdict."""
     heads = ("tokens", "window", "", "decades", "ICL in", "induct", "prev", "ICL", "control", "signatures")
     print(f"{'run':28} " + " ".join(f"{h:>8}" for h in heads))
     for run in sorted(p for p in folder.iterdir() if (p / METRICS_FILE).is_file()):
@@ -167,8 +168,10 @@ def table(folder: Path) -> None:
             f"{change.window_decades:8.2f}",
             f"{change.icl_change:8.0%}" if change.icl_change is not None else f"{'-':>8}",
             *(f"{x:8.2f}" for x in (last.induction_score, last.previous_token_score, last.icl_score)),
-            f"{'none' if not c.found else 'found':>5} {c.narrowest_decades or 0:.2f}" if c else f"{'-':>8}",
-            ",".join(change.signatures) + (" HOLDS" if change.holds else ""),
+            f"{c.verdict:>13} {c.margin if c.margin is not None else float('nan'):+.2f}"
+            if c
+            else f"{'-':>8}",
+            ",".join(change.signatures) + f" -> {change.verdict}",
         ]
         print(f"{run.name:28} " + " ".join(cells))
 

@@ -155,5 +155,5 @@ def reports():
         results[name] = analyze(model, None, logs[name], show_progress=False)
     change = phase_change(logs["2-layer"], logs["1-layer"])
     results["2-layer"] = dataclasses.replace(results["2-layer"], phase_change=change)
-    claims = [Claim(EVIL[0], "p", EVIL[1], EVIL[2], True)]
+    claims = [Claim(EVIL[0], "p", EVIL[1], EVIL[2], "holds", note=EVIL[1])]
     return results, claims

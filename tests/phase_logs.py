@@ -48,3 +48,48 @@ def with_positions(log: list[TrainingPoint], n_ctx: int = 16) -> list[TrainingPo
         )
         for row in log
     ]
+
+
+# -- noisy logs on the evaluation grid of `qkov reproduce`'s 2-layer recipe (its 1-layer control
+# -- follows the same schedule), for the phase-change rule's error rates ------------------------------
+def reproduce_grid() -> np.ndarray:
+    """log10(tokens) of every evaluation the default 2-layer recipe logs (38: log-spaced and every
+    2000 steps, 10k to 14.3M tokens)."""
+    from qkov.recipes import recipe
+
+    r = recipe(2)
+    per_step = r.train.batch_size * r.model.n_ctx
+    return np.log10([s * per_step for s in sorted(r.train.evaluation_steps())])
+
+
+WINDOW_CENTRE, WINDOW_WIDTH = math.log10(8.4e6), 0.2  # the default seeds' windows: 6.6M-10.7M tokens
+
+
+def noisy_log(
+    x: np.ndarray,
+    rng: np.random.Generator,
+    icl: np.ndarray,
+    noise: float,
+    induction_width: float = WINDOW_WIDTH,
+) -> list[TrainingPoint]:
+    """One run's log on ``x``: the best induction score rising 0.01 to 0.38 around ``WINDOW_CENTRE``
+    over ``induction_width`` decades, a training loss falling ever more slowly with a 0.15-nat bump
+    during the rise (both with 0.005 nats of noise), and the ICL score ``icl`` with Gaussian
+    noise of ``noise`` nats an evaluation."""
+    rise = logistic(x, WINDOW_CENTRE, induction_width)
+    fields = {
+        "induction_score": 0.01 + 0.37 * rise + rng.normal(0, 0.005, len(x)),
+        "train_loss": 7 - 0.3 * x + 0.02 * (x - 4) ** 2 - 0.15 * rise + rng.normal(0, 0.005, len(x)),
+        "icl_score": icl + rng.normal(0, noise, len(x)),
+    }
+    return [
+        TrainingPoint(step=i, tokens=round(10**xi), **{k: float(v[i]) for k, v in fields.items()})
+        for i, xi in enumerate(x)
+    ]
+
+
+def icl_curve(x: np.ndarray, window_gain: float, early_gain: float = 0.1) -> np.ndarray:
+    """An ICL score that falls by ``early_gain`` nats, evenly in log tokens, before the window and
+    by ``window_gain`` with the induction heads' rise (the same logistic)."""
+    early = np.clip((x - x[0]) / (WINDOW_CENTRE - 0.3 - x[0]), 0, 1)
+    return -0.1 - early_gain * early - window_gain * logistic(x, WINDOW_CENTRE, WINDOW_WIDTH)

@@ -131,7 +131,7 @@ def test_analyze_a_hand_written_checkpoint_without_tokenizer(tmp_path, capsys):
     assert all(x is not None for x in (results.composition, results.induction_check, results.ablation))
     assert results.bigram is None and results.tokens[5] == "#5"
     raw = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert raw["schema_version"] == 3
+    assert raw["schema_version"] == 4
     html = (tmp_path / "out" / "report.html").read_text()
     for kind in "QKV":  # the composition figure: each kind's two heatmaps, with every pair's cell
         for title in ("baseline subtracted", "raw"):

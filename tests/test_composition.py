@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import qkov
+from qkov.circuits.composition import random_composition_scores
 from qkov.circuits.heads import induction_scores
 from qkov.linalg import FactoredMatrix
 
@@ -75,7 +76,7 @@ def test_raw_scores_match_transformer_lens(kind):
 
 def test_the_baseline_is_deterministic_and_centres_random_models_on_zero():
     first = qkov.composition_baseline(24, 5)
-    qkov.composition_baseline.cache_clear()
+    random_composition_scores.cache_clear()
     assert qkov.composition_baseline(24, 5) == first
     assert 0 < first < 1
     # Gaussian heads compose at chance: the baseline-subtracted scores average about zero

@@ -83,3 +83,20 @@ def test_the_hand_built_induction_model_scores_where_it_was_built_to():
     first, second, third = result.loss_per_repeat
     assert first == pytest.approx(21.0, abs=0.05) and second < 1e-6 and third < 1e-6
     assert result.previous_token_heads == ["L0H0"] and result.induction_heads == ["L1H0"]
+
+
+def test_the_standard_errors_are_the_sequences_spread():
+    """Each score's and the repeat drop's standard error: the per-sequence values (each sequence run
+    alone) over the square root of their number; none for a single sequence."""
+    torch.manual_seed(0)
+    model = qkov.AttnOnlyTransformer(qkov.Config(2, 2, 8, 4, V, 13)).double()
+    tokens = repeated_random_tokens(6, PERIOD, REPEATS, V, torch.Generator().manual_seed(1))
+    result = repeated_token_behaviour(model, tokens, PERIOD, REPEATS)
+    alone = [repeated_token_behaviour(model, row[None], PERIOD, REPEATS) for row in tokens]
+    for i, head in enumerate(result.heads):
+        for field in ("previous_token_score", "induction_score"):
+            each = torch.tensor([getattr(r.heads[i], field) for r in alone], dtype=torch.float64)
+            assert getattr(head, f"{field}_se") == pytest.approx(float(each.std() / 6**0.5), rel=1e-9)
+    drops = torch.tensor([r.loss_per_repeat[0] - r.loss_per_repeat[1] for r in alone], dtype=torch.float64)
+    assert result.repeat_drop_se == pytest.approx(float(drops.std() / 6**0.5), rel=1e-6)
+    assert all(r.repeat_drop_se is None and r.heads[0].previous_token_score_se is None for r in alone)

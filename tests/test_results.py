@@ -83,6 +83,21 @@ def without_later_keys(old: dict) -> dict:
         old.pop(key)
     if old["phase_change"]:
         assert old["phase_change"].pop("slope_of") == "train_loss"
+        # version 4: each test's verdict, the ICL score's noise and gains (no ICL score logged here)
+        assert old["phase_change"].pop("verdict") == {True: "holds", False: "does not hold"}.get(
+            old["phase_change"]["holds"], "undetermined"
+        )
+        assert set(old["phase_change"].pop("verdicts")) == {"induction_score", "icl_score", "loss_bump"}
+        for key in ("icl_noise", "icl_gain", "icl_gain_error", "icl_total_gain"):
+            assert old["phase_change"].pop(key) is None
+    for row in old["training"]:  # version 4: the ICL score's standard error, not in these logs
+        assert row.pop("icl_score_se") is None
+    if old["repeated_tokens"]:  # version 4: standard errors over the sequences
+        old["repeated_tokens"].pop("repeat_drop_se")
+        for head in old["repeated_tokens"]["heads"]:
+            head.pop("previous_token_score_se"), head.pop("induction_score_se")
+    if old["composition"]:  # version 4: the random composition scores' spread
+        assert old["composition"].pop("baseline_sd") > 0
     for key in ("d_vocab_out", "bos_token_id"):
         assert old["config"].pop(key) is None
     if old["attention_examples"]:
@@ -151,8 +166,8 @@ def test_results_round_trip_through_the_file(analysed, tmp_path):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda d: d.pop("schema_version"), "schema_version None, but this qkov reads version 3"),
-        (lambda d: d.update(schema_version=2), "schema_version 2, but this qkov reads version 3"),
+        (lambda d: d.pop("schema_version"), "schema_version None, but this qkov reads version 4"),
+        (lambda d: d.update(schema_version=2), "schema_version 2, but this qkov reads version 4"),
         (lambda d: d["copying"].update(copying_heads="many"), "copying.copying_heads"),
         (lambda d: d.pop("tokens"), "tokens: Field required"),
     ],

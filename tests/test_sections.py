@@ -13,9 +13,10 @@ from pages import png_pixels
 def test_the_phase_change_figures_show_the_window(reports):
     models, claims = reports
     html = render_report(models, claims)
-    assert "2-layer: window 6,309,573-15,848,932 tokens (0.40 decades)" in html
-    assert "80% of its change inside; signatures inside: induction_score, icl_score, loss_bump" in html
-    assert "1-layer control: no window (narrowest half-change window 1.50 decades)" in html
+    assert "2-layer: window 6.31M-15.8M tokens, 0.40 decades (holds;" in html
+    assert "ICL gain inside +1.169 ± 0.000 nats of +1.500 over the run (holds); bump: holds" in html
+    assert "1-layer control gain over the window +0.067 ± 0.000 nats, margin +0.518 ± 0.000 (holds)" in html
+    assert "Verdict: <b>holds</b>" in html
     for label in ("in-context learning score", "loss slope", "head scores during training", "per-token loss"):
         assert f'aria-label="{label}"' in html, label
     assert html.count("shaded: the phase-change window") == 1 + 3  # ICL; the 2-layer loss, slope, scores

@@ -187,7 +187,8 @@ def test_the_handbuilt_series_shows_its_phase_change_inside_the_known_rise(handb
     assert change.final_icl < change.initial_icl - 1.0  # the second copy is predicted: lower late loss
     assert rows[-1].eval_loss < rows[0].eval_loss
     out = capsys.readouterr().err
-    assert "verdict: undecided" in out and "41 checkpoints, 1,000 to 10,000,000 tokens" in out
+    assert "verdict: undetermined" in out and "41 checkpoints, 1,000 to 10,000,000 tokens" in out
+    assert "1-layer control: none in these results" in out
     report = (handbuilt_series / "out" / "report.html").read_text()
     assert "d held-out loss / d log10 tokens" in report and "Phase change" in report
 
@@ -195,12 +196,13 @@ def test_the_handbuilt_series_shows_its_phase_change_inside_the_known_rise(handb
 def test_with_a_one_layer_control_the_phase_change_holds(handbuilt_series, capsys):
     results = run_series(handbuilt_series, "with-control", "--control", str(handbuilt_series / "one"))
     control = results.phase_change.control
-    assert control.narrowest_decades > 0.7 and not control.found  # copying grows over four decades
+    # the control's in-context-learning gain over the window is far below half the 2-layer run's
+    assert control.verdict == "holds" and control.gain < 0.5 * results.phase_change.icl_gain
     assert results.phase_change.holds is True
     control_rows = read_points(handbuilt_series / "with-control" / "control.jsonl")
     assert [row.step for row in control_rows] == STEPS
     assert max(row.induction_score for row in control_rows) < 0.11  # even attention to 6-12 tokens
-    assert "verdict: the phase change holds" in capsys.readouterr().err
+    assert "verdict: holds" in capsys.readouterr().err
     report = (handbuilt_series / "with-control" / "report.html").read_text()
     assert "1-layer control model" in report
 

@@ -72,8 +72,8 @@ def test_training_lowers_the_loss_and_logs_metrics(tiny_corpus, tmp_path):
     # 10 log-spaced evaluations per decade from step 10, and every 20 steps
     assert [r["step"] for r in rows] == [10, 13, 16, 20, 25, 32, 40, 50, 60]
     assert list(rows[0]) == [
-        "step", "tokens", "train_loss", "eval_loss", "loss_by_position", "icl_score", "repeat_loss_first",
-        "repeat_loss_second", "induction_score", "previous_token_score",
+        "step", "tokens", "train_loss", "eval_loss", "loss_by_position", "icl_score", "icl_score_se",
+        "repeat_loss_first", "repeat_loss_second", "induction_score", "previous_token_score",
     ]  # fmt: skip
     assert all(round(r["train_loss"], 5) == r["train_loss"] for r in rows)  # floats to 5 decimals
     assert read_training_log(tmp_path / "run")[-1].eval_loss == rows[-1]["eval_loss"]
@@ -105,12 +105,16 @@ def test_metrics_follow_their_definitions(tiny_corpus, tmp_path):
         logits = trainer.model(windows[:, :-1])
         per_position = torch.nn.functional.cross_entropy(
             logits.transpose(1, 2), windows[:, 1:], reduction="none"
-        ).mean(0)
+        )
         tokens = trainer.eval_inputs.repeated
         losses = torch.nn.functional.cross_entropy(
             trainer.model(tokens)[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none"
         ).mean(0)
-    np.testing.assert_allclose(row["loss_by_position"], per_position.numpy(), atol=1e-4)
+    np.testing.assert_allclose(row["loss_by_position"], per_position.mean(0).numpy(), atol=1e-4)
+    early, late = icl_positions(32)  # the ICL score's standard error: its spread over the windows
+    per_window = (per_position[:, late] - per_position[:, early]).double()
+    assert row["icl_score_se"] == pytest.approx(float(per_window.std()) / len(windows) ** 0.5, abs=1e-5)
+    assert len(windows) > 30 and row["icl_score_se"] > 0
     period = trainer.eval_inputs.period  # 16: tokens 1..15 of the first copy, 17..31 of the second
     assert row["repeat_loss_first"] == pytest.approx(float(losses[0:15].mean()), abs=1e-4)
     assert row["repeat_loss_second"] == pytest.approx(float(losses[16:31].mean()), abs=1e-4)

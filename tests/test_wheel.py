@@ -83,7 +83,7 @@ def reproduced(installed):
 LOAD = """import json, sys, qkov
 from qkov.results import SCHEMA_FILE
 r = qkov.load_results(sys.argv[1])
-print(json.dumps({"models": sorted(r.models), "claims": [c.holds for c in r.claims], "quick": r.quick,
+print(json.dumps({"models": sorted(r.models), "claims": [c.verdict for c in r.claims], "quick": r.quick,
                   "schema": json.loads(SCHEMA_FILE.read_text())}))"""
 
 
@@ -93,7 +93,7 @@ def test_reproduce_quick_and_load_results_from_the_wheel(installed, reproduced):
     loaded = json.loads(run(bin_ / "python", "-c", LOAD, reproduced / "results.json", cwd=root))
     ours = qkov.load_results(reproduced / "results.json")  # the source tree's reading of the same file
     assert loaded["models"] == ["0-layer", "1-layer", "2-layer"] and loaded["quick"] is True
-    assert loaded["claims"] == [c.holds for c in ours.claims] and len(loaded["claims"]) == 9
+    assert loaded["claims"] == [c.verdict for c in ours.claims] and len(loaded["claims"]) == 9
     assert loaded["schema"] == json.loads(SCHEMA_FILE.read_text())
     assert "Claims:" in (reproduced / "report.html").read_text()
 

@@ -179,7 +179,12 @@ def skip_trigram_step(ctx: Context):
     if ctx.text is None or ctx.circuit.cfg.has_layer_norm:  # the bug cost is defined without LayerNorm
         return found
     tokens, described = ctx.rerun_text(partial(bug_cost_flop, ctx.model.cfg))
-    return replace(found, bug_cost=bug_cost(ctx.circuit, found.bugs, tokens, described))
+    covers = (
+        f"the crossings among each head's {SKIP_TRIGRAMS_PER_HEAD} strongest skip-trigrams only: a lower "
+        "bound on what every skip-trigram bug costs"
+    )
+    cost = bug_cost(ctx.circuit, found.bugs, tokens, described)
+    return replace(found, bug_cost=replace(cost, covers=covers))
 
 
 def ablation_step(ctx: Context):

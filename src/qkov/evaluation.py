@@ -9,7 +9,11 @@ checkpoint, by one function, :func:`evaluate`, on inputs drawn once by :func:`ev
   token" of a 1024-token context: ``loss_by_position[500] - loss_by_position[50]`` for every
   ``n_ctx >= 1024`` (position ``i`` counted from 0, its loss that of predicting token ``i + 1``
   having seen tokens ``0 ... i``); shorter contexts scale both positions by ``n_ctx / 1024``
-  (:func:`icl_positions`: 6 and 62 at ``n_ctx`` 128);
+  (:func:`icl_positions`: 6 and 62 at ``n_ctx`` 128); ``icl_score_se``: its standard error over
+  the held-out windows (their scores' standard deviation over the square root of their number),
+  the precision of the score's value: every evaluation of a run reads the same windows, so what
+  limits a change within the run is the scatter between evaluations instead
+  (:func:`qkov.circuits.phase_change.noise`);
 - for models with attention layers, the loss on the first and second repeat of random tokens
   (:func:`qkov.data.random_tokens.loss_per_repeat`, the definition ``analyze`` uses too) and the
   strongest induction and previous-token scores (:mod:`qkov.circuits.heads`; the framework paper's
@@ -106,7 +110,8 @@ def evaluation_inputs(
 def held_out_metrics(model: AttnOnlyTransformer, windows: Tensor) -> dict[str, float | list[float]]:
     """``eval_loss``, ``loss_by_position`` and ``icl_score`` on the held-out windows."""
     chunks = windows.split(EVAL_CHUNK)
-    by_position = torch.cat([token_losses(model(w[:, :-1]), w[:, 1:]) for w in chunks]).mean(0)
+    losses = torch.cat([token_losses(model(w[:, :-1]), w[:, 1:]) for w in chunks])  # [window, position]
+    by_position = losses.mean(0)
     metrics: dict[str, float | list[float]] = {
         "eval_loss": float(by_position.mean()),
         "loss_by_position": [round(float(x), 4) for x in by_position],
@@ -114,6 +119,9 @@ def held_out_metrics(model: AttnOnlyTransformer, windows: Tensor) -> dict[str, f
     early, late = icl_positions(model.cfg.n_ctx)
     if late < len(by_position) and early < late:
         metrics["icl_score"] = float(by_position[late] - by_position[early])
+        if len(losses) > 1:  # the windows' spread over the square root of their number
+            per_window = (losses[:, late] - losses[:, early]).double()
+            metrics["icl_score_se"] = float(per_window.std() / len(per_window) ** 0.5)
     return metrics
 
 

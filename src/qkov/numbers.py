@@ -10,3 +10,41 @@ def finite(x: float) -> float | None:
     """An undefined number (NaN, infinite) as ``None``, the JSON-safe form."""
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+# -- three-valued verdicts ------------------------------------------------------------------------
+#: A rule's answer: its figure clears the threshold by more than its error, falls short of it by
+#: more than its error, or sits within its error of it.
+HOLDS, FAILS, UNDETERMINED = "holds", "does not hold", "undetermined"
+VERDICTS = (HOLDS, FAILS, UNDETERMINED)
+Z_HOLDS = 1.645  # one-sided 5%: "holds" when the figure clears its threshold by this many errors
+Z_FAILS = 2.326  # one-sided 1%: "does not hold" when it misses by this many (kept small per test, so
+# that a rule reading two or three noisy tests says "does not hold" by chance at most ~3%)
+
+
+def decide(margin: float, error: float | None, z_holds: float = Z_HOLDS, z_fails: float = Z_FAILS) -> str:
+    """The verdict on ``margin`` (the figure minus its threshold, signed so that positive means the
+    rule is met) with standard error ``error``: :data:`HOLDS` above ``z_holds`` errors,
+    :data:`FAILS` below ``-z_fails`` errors, else :data:`UNDETERMINED`. An ``error`` of None or 0 (a
+    figure that is exact, or whose error is not measured) decides by the sign alone."""
+    if not math.isfinite(margin):
+        return UNDETERMINED
+    e = error or 0.0
+    if margin > z_holds * e and margin > 0:
+        return HOLDS
+    if margin < -z_fails * e and margin < 0:
+        return FAILS
+    return UNDETERMINED
+
+
+def all_of(*verdicts: str) -> str:
+    """Every part must hold (Kleene's three-valued "and"): one part that fails fails the whole, one
+    undetermined part with none failing leaves it undetermined."""
+    if FAILS in verdicts:
+        return FAILS
+    return UNDETERMINED if UNDETERMINED in verdicts else HOLDS
+
+
+def z_interval(figure: float, error: float | None, z: float = 1.96) -> tuple[float, float] | None:
+    """``figure ± z * error`` (95% by default), or None without an error."""
+    return None if error is None else (figure - z * error, figure + z * error)

@@ -81,16 +81,14 @@ def recipe(n_layers: int, preset: str = "default") -> Recipe:
             Config(0, n_heads=4, d_model=128, d_head=32, d_vocab=2048, n_ctx=128),
             TrainConfig(steps=1000, batch_size=16, lr=5e-3, eval_every=500, checkpoint_every=500),
         )
-    if n_layers == 1:
-        return Recipe(
-            Config(1, n_heads=8, d_model=128, d_head=16, d_vocab=2048, n_ctx=128),
-            TrainConfig(steps=1500, batch_size=16, lr=5e-3, eval_every=500, checkpoint_every=500),
-        )
     # A constant rate after a fixed warm-up: the induction heads formed (90% of their rise) by 12.2M-13.4M
     # tokens in three seeds, against 18.7M-21.2M with cosine decay at vocabulary 4096; the run stops
     # just past the latest of them, at 14.3M tokens.
-    return Recipe(
-        Config(n_layers, n_heads=4, d_model=128, d_head=32, d_vocab=2048, n_ctx=128),
-        TrainConfig(steps=14000, batch_size=8, lr=5e-3, warmup_steps=1200, schedule="constant",
-                    eval_every=2000, checkpoint_every=2000),
-    )  # fmt: skip
+    schedule = TrainConfig(steps=14000, batch_size=8, lr=5e-3, warmup_steps=1200, schedule="constant",
+                           eval_every=2000, checkpoint_every=2000)  # fmt: skip
+    if n_layers == 1:
+        # The phase change's control: the 2-layer run's token schedule, so that its in-context-learning
+        # score is logged through the 2-layer window (qkov.circuits.phase_change.control_test); the
+        # earlier 1500 steps of 16 (3.07M tokens, cosine) stopped before the window began.
+        return Recipe(Config(1, n_heads=8, d_model=128, d_head=16, d_vocab=2048, n_ctx=128), schedule)
+    return Recipe(Config(n_layers, n_heads=4, d_model=128, d_head=32, d_vocab=2048, n_ctx=128), schedule)

@@ -83,7 +83,7 @@ def reproduce(
     models["2-layer"] = replace(two, phase_change=phase_change(two.training, one.training))
     results = Reproduction(
         models=models,
-        claims=evaluate_claims(models),
+        claims=evaluate_claims(models, quick=quick),
         timings=timings,
         total_s=round(time.perf_counter() - started, 1),
         quick=quick,

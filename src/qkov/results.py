@@ -47,11 +47,14 @@ from qkov.circuits.task import Task
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
+from qkov.numbers import FAILS, HOLDS
 from qkov.training_log import TrainingPoint
 
+# 4: three-valued claims with their figures and errors, the phase change's control on an absolute
+# scale (its gains and errors), the ICL score's standard error in the training log;
 # 3: the copying score stored once (copying.heads), token strings only in ``tokens``, an undecided
 # phase change (no 1-layer control) null; 2: the phase change by Olsson et al.'s signatures
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA_FILE = Path(__file__).parent / "schema" / "results.schema.json"
 
 
@@ -96,13 +99,29 @@ class Results:
 
 @dataclass(frozen=True)
 class Claim:
-    """One of the paper's claims, the measurement here, the rule that decides it, and its verdict."""
+    """One of the paper's claims, the measurement here, the rule that decides it, and its verdict:
+    ``verdict`` is "holds", "does not hold" or "undetermined" (:mod:`qkov.numbers`). ``figure`` is
+    the number the rule reads, ``error`` its standard error (None where the figure is exact, a count
+    of heads or of skip-trigrams, or where its error is not measured: ``note`` says which),
+    ``interval`` the range the verdict reads (95%, or what the figure's own uncertainty spans) and
+    ``threshold`` what it is read against; ``note`` also says why a verdict is undetermined and
+    what a figure covers."""
 
     claim: str
     paper: str
     measured: str
     rule: str
-    holds: bool
+    verdict: str
+    figure: float | None = None
+    error: float | None = None
+    interval: tuple[float, float] | None = None
+    threshold: float | None = None
+    note: str = ""
+
+    @property
+    def holds(self) -> bool | None:
+        """The verdict as True ("holds"), False ("does not hold") or None ("undetermined")."""
+        return {HOLDS: True, FAILS: False}.get(self.verdict)
 
 
 @dataclass(frozen=True)

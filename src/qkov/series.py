@@ -40,7 +40,7 @@ from tokenizers import Tokenizer
 
 from qkov.analyze import token_strings
 from qkov.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load
-from qkov.circuits.phase_change import SIGNATURES, PhaseChange, phase_change
+from qkov.circuits.phase_change import PhaseChange, describe, phase_change
 from qkov.config import Config
 from qkov.data.shards import corpus_tokens
 from qkov.data.sources import TEXT_FIELD
@@ -394,23 +394,7 @@ def verdict_lines(r: SeriesResults) -> list[str]:
         ]
     if change is None:
         return lines + ["no phase change to judge: the best induction score does not rise over the series"]
-    missing = [name for name in SIGNATURES if name not in change.signatures]
-    verdict = {
-        True: "the phase change holds (the 1-layer control shows no window)",
-        False: "the phase change does not hold"
-        + (
-            f" (outside the window: {', '.join(missing)})"
-            if missing
-            else " (the 1-layer control has a window too)"
-        ),
-        None: "undecided: every signature is inside the window, but the rule needs a 1-layer control "
-        "(--control)",
-    }[change.holds]
-    return lines + [
-        f"window {change.window_start_tokens:,.0f}-{change.window_end_tokens:,.0f} tokens "
-        f"({change.window_decades:.2f} decades); signatures inside: {', '.join(change.signatures) or 'none'}",
-        f"verdict: {verdict}",
-    ]
+    return lines + [describe(change), f"verdict: {change.verdict}"]
 
 
 def _score(value: float | None) -> str:

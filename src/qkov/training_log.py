@@ -43,13 +43,14 @@ class TrainingPoint:
     repeat_loss_first: float | None = None
     repeat_loss_second: float | None = None
     icl_score: float | None = None  # loss at a late token index minus loss at an early one
+    icl_score_se: float | None = None  # its standard error over the evaluation's held-out windows
     loss_by_position: list[float] | None = None  # held-out loss of the prediction at each index
 
 
 #: The order of a written row's fields (the order the trainer has always written them in).
 WRITE_ORDER = (
-    "step", "tokens", "train_loss", "eval_loss", "loss_by_position", "icl_score", "repeat_loss_first",
-    "repeat_loss_second", "induction_score", "previous_token_score",
+    "step", "tokens", "train_loss", "eval_loss", "loss_by_position", "icl_score", "icl_score_se",
+    "repeat_loss_first", "repeat_loss_second", "induction_score", "previous_token_score",
 )  # fmt: skip
 
 _ROWS = TypeAdapter(TrainingPoint)

@@ -123,8 +123,8 @@ def all_raw_composition_scores(
 
 
 @lru_cache(maxsize=32)
-def composition_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES) -> float:
-    """The expected raw composition score of random heads of these shapes: the mean, over
+def random_composition_scores(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES) -> Tensor:
+    """The raw composition scores of ``samples`` pairs of random heads of these shapes: over
     ``samples`` pairs of circuits ``X1 Y1`` and ``X2 Y2`` with Gaussian ``X [d_model, d_head]`` and
     ``Y [d_head, d_model]``, of ``‖X1 Y1 X2 Y2‖_F / (‖X1 Y1‖_F ‖X2 Y2‖_F)``, drawn from a fixed seed
     (so deterministic; float32 is ample for an average of 100 draws). The same for Q, K and V,
@@ -141,7 +141,19 @@ def composition_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMP
         R_X1, R_Y1, R_X2, R_Y2 = (_gram_root(M) for M in (X1, Y1T, X2, Y2T))
         numerator = fro(R_X1 @ Y1T.mT @ X2 @ R_Y2.mT)  # ‖X1 Y1 X2 Y2‖ = ‖R_X1 Y1 X2 R_Y2^T‖
         scores.append(numerator / (fro(R_X1 @ R_Y1.mT) * fro(R_X2 @ R_Y2.mT)))
-    return float(torch.cat(scores).mean())
+    return torch.cat(scores)
+
+
+def composition_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES) -> float:
+    """The expected raw composition score of random heads of these shapes: the mean of
+    :func:`random_composition_scores` (the baseline the paper subtracts)."""
+    return float(random_composition_scores(d_model, d_head, samples).mean())
+
+
+def composition_baseline_sd(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES) -> float:
+    """The standard deviation of :func:`random_composition_scores`: how far a random pair's score
+    strays from the baseline, the unit in which a measured pair's distance from chance is read."""
+    return float(random_composition_scores(d_model, d_head, samples).std())
 
 
 def composition_scores(
@@ -247,12 +259,14 @@ class CompositionPair:
 @dataclass(frozen=True)
 class Composition:
     """Q-, K- and V-composition of every earlier head into every later one (section "Two-Layer
-    Attention-Only Transformers"), against ``baseline``, the expected score of random heads."""
+    Attention-Only Transformers"), against ``baseline``, the expected score of random heads, and
+    ``baseline_sd``, the random scores' standard deviation."""
 
     baseline: float
     Q: list[CompositionPair]
     K: list[CompositionPair]
     V: list[CompositionPair]
+    baseline_sd: float | None = None
 
 
 def composition(model: AttnOnlyTransformer) -> Composition:
@@ -266,7 +280,9 @@ def composition(model: AttnOnlyTransformer) -> Composition:
         ]
         for kind, scores in all_raw_composition_scores(model, KINDS).items()
     }
-    return Composition(baseline=baseline, **pairs)
+    return Composition(
+        baseline=baseline, **pairs, baseline_sd=composition_baseline_sd(model.cfg.d_model, model.cfg.d_head)
+    )
 
 
 @dataclass(frozen=True)

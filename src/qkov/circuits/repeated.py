@@ -10,6 +10,7 @@ the same run's patterns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,8 +24,11 @@ from qkov.circuits.heads import (
     PREVIOUS_TOKEN_HEAD,
     after_start,
     duplicate_token_scores,
+    induction_scores,
     previous_token_scores,
 )
+from qkov.data.random_tokens import loss_per_repeat
+from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name
 from qkov.numbers import finite
@@ -34,7 +38,8 @@ from qkov.numbers import finite
 class HeadBehaviour:
     """One head's attention on repeated random tokens: mean attention one back (previous-token),
     to the token after the previous occurrence (induction) and to the previous occurrence itself
-    (duplicate-token)."""
+    (duplicate-token); the ``_se`` fields are the first two scores' standard errors over the
+    sequences (None with a single sequence)."""
 
     name: str
     layer: int
@@ -42,6 +47,8 @@ class HeadBehaviour:
     previous_token_score: float | None
     induction_score: float | None
     duplicate_token_score: float | None
+    previous_token_score_se: float | None = None
+    induction_score_se: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,8 @@ class RepeatedTokens:
     the mean next-token loss on each repeat and every head's scores. ``previous_token_heads`` and
     ``induction_heads`` are the heads whose score passes ``previous_token_threshold`` and
     ``induction_threshold``. ``bos_token_id``: the start token every sequence began with (the
-    scores and losses are then read on the positions after it), or None."""
+    scores and losses are then read on the positions after it), or None. ``repeat_drop_se``: the
+    standard error, over the sequences, of the loss's drop from the first repeat to the second."""
 
     period: int
     repeats: int
@@ -62,6 +70,7 @@ class RepeatedTokens:
     previous_token_heads: list[str]
     induction_heads: list[str]
     bos_token_id: int | None = None
+    repeat_drop_se: float | None = None
 
 
 @torch.no_grad()
@@ -80,6 +89,8 @@ def repeated_token_behaviour(
     behaviour = repeat_behaviour(logits, cache, tokens, period, start)
     repeats_only = after_start(cache, start)
     previous, duplicate = previous_token_scores(repeats_only), duplicate_token_scores(repeats_only, period)
+    previous_se, induction_se = (_standard_error(repeats_only, score) for score in (
+        previous_token_scores, lambda c: induction_scores(c, period)))  # fmt: skip
     heads = [
         HeadBehaviour(
             name=head_name(layer, head),
@@ -88,6 +99,8 @@ def repeated_token_behaviour(
             previous_token_score=finite(previous[layer, head]),
             induction_score=finite(behaviour.induction[layer][head]),
             duplicate_token_score=finite(duplicate[layer, head]),
+            previous_token_score_se=None if previous_se is None else finite(previous_se[layer, head]),
+            induction_score_se=None if induction_se is None else finite(induction_se[layer, head]),
         )
         for layer, head in np.ndindex(previous.shape)
     ]
@@ -102,4 +115,26 @@ def repeated_token_behaviour(
         previous_token_heads=[h.name for h in heads if (h.previous_token_score or 0) > PREVIOUS_TOKEN_HEAD],
         induction_heads=[h.name for h in heads if (h.induction_score or 0) > INDUCTION_HEAD],
         bos_token_id=bos_token_id,
+        repeat_drop_se=_drop_error(logits[:, start:], tokens[:, start:], period),
     )
+
+
+def _standard_error(cache: dict, score: Callable[[dict], Tensor]) -> Tensor | None:
+    """The standard error over the sequences of a per-head score: the score of each sequence alone,
+    their standard deviation over the square root of their number (None for one sequence)."""
+    batch = next(iter(cache.values())).shape[0]
+    if batch < 2:
+        return None
+    each = torch.stack([score({k: v[b : b + 1] for k, v in cache.items()}) for b in range(batch)])
+    return each.double().std(0) / batch**0.5
+
+
+def _drop_error(logits: Tensor, tokens: Tensor, period: int) -> float | None:
+    """The standard error over the sequences of the loss's drop from the first repeat to the second."""
+    if tokens.shape[0] < 2:
+        return None
+    per_sequence = [loss_per_repeat(row, period) for row in token_losses(logits[:, :-1], tokens[:, 1:])]
+    if len(per_sequence[0]) < 2:
+        return None
+    drops = [r[0] - r[1] for r in per_sequence]
+    return finite(float(np.std(drops, ddof=1)) / len(drops) ** 0.5)

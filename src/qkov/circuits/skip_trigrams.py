@@ -399,7 +399,8 @@ class BugCost:
     terms alone, costliest first. ``heads_gain`` is what the heads gain over the direct path (its
     loss minus the model's), ``head_gain`` what each head alone adds to the direct path; ``share``
     and ``share_by_head`` divide the costs by them (None where the gain is zero). ``terms``: the
-    number of bugged terms."""
+    number of bugged terms; ``covers`` says which bugs are counted (the crossings among each head's
+    strongest skip-trigrams only, so the cost is a lower bound on what every bug costs)."""
 
     nats_per_token: float
     by_head: dict[str, float]
@@ -410,6 +411,7 @@ class BugCost:
     terms: int
     top: list[BugTerm]
     tokens: str
+    covers: str = ""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ h1 { font-size: 1.6em; } h2 { border-bottom: 2px solid #ccc; padding-bottom: .2e
 table { border-collapse: collapse; margin: .5em 0 1em; font-size: .9em; }
 th, td { border: 1px solid #ddd; padding: .25em .5em; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.holds { background: #e5f5e0; } .fails { background: #fde0dd; }
+.holds { background: #e5f5e0; } .fails { background: #fde0dd; } .undetermined { background: #fff3cd; }
 figure { margin: 1em 0; } figcaption { font-size: .88em; color: #444; max-width: 900px; }
 .claim { font-style: italic; color: #555; }
 code, .tok { font-family: ui-monospace, monospace; white-space: pre; }

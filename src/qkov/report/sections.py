@@ -9,9 +9,11 @@ from collections.abc import Callable
 
 from qkov.circuits.heads import AttentionExample
 from qkov.circuits.neurons import LayerNeurons
-from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange
+from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange, describe
 from qkov.circuits.skip_trigrams import BugCost, SkipTrigram, SkipTrigramBug
+from qkov.claims import figure_text, tally
 from qkov.names import head_name, parse_head
+from qkov.numbers import FAILS, HOLDS
 from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
 from qkov.report.svg import (
     attention_grid,
@@ -31,14 +33,13 @@ BLUE, RED = "#1f77b4", "#d62728"
 
 def claims_section(claims: list[Claim]) -> str:
     rows = [
-        [claim.claim, claim.paper, claim.measured, claim.rule, "yes" if claim.holds else "no"]
+        [claim.claim, claim.paper, claim.measured, claim.rule, figure_text(claim), claim.verdict, claim.note]
         for claim in claims
     ]
-    classes = ["holds" if claim.holds else "fails" for claim in claims]
-    held = sum(claim.holds for claim in claims)
+    classes = [{HOLDS: "holds", FAILS: "fails"}.get(claim.verdict, "undetermined") for claim in claims]
     return (
-        f'<section id="claims"><h2>Claims: {held} of {len(claims)} hold</h2>'
-        + table(["claim", "paper", "measured here", "holds when", "holds"], rows, classes)
+        f'<section id="claims"><h2>Claims: {esc(tally(claims))}</h2>'
+        + table(["claim", "paper", "measured here", "holds when", "figure", "verdict", "note"], rows, classes)
         + "</section>"
     )
 
@@ -188,29 +189,7 @@ def training_section(r: Results) -> str:
 
 
 def _phase_change_summary(name: str, change: PhaseChange) -> str:
-    icl = "not logged" if change.icl_change is None else f"{change.icl_change:.0%} of its change inside"
-    control = change.control
-    if control is None:
-        against = "no 1-layer control in these results (one checkpoint alone)"
-    elif control.narrowest_decades is None:
-        against = "1-layer control: its in-context-learning score never moved or was not logged"
-    else:
-        found = "a window too" if control.found else "no window"
-        against = (
-            f"1-layer control: {found} (narrowest half-change window {control.narrowest_decades:.2f} decades)"
-        )
-    verdicts = {
-        True: "the phase change holds",
-        False: "the phase change does not hold",
-        None: "undecided: every signature is inside the window, but the rule also needs a 1-layer control "
-        "run's log (qkov reproduce trains one)",
-    }
-    return (
-        f"<p>{esc(name)}: window {change.window_start_tokens:,.0f}-{change.window_end_tokens:,.0f} tokens "
-        f"({change.window_decades:.2f} decades); in-context-learning score {esc(icl)}; signatures inside: "
-        f"{esc(', '.join(change.signatures) or 'none')}; {esc(against)}. Verdict: "
-        f"<b>{esc(verdicts[change.holds])}</b>.</p>"
-    )
+    return f"<p>{esc(name)}: {esc(describe(change))}. Verdict: <b>{esc(change.verdict)}</b>.</p>"
 
 
 def phase_change_section(models: dict[str, Results]) -> str:
@@ -530,7 +509,7 @@ def _bug_cost(cost: BugCost | None, strings: list[str]) -> str:
         "contribution to the crossed output where it fires, attention frozen) cost "
         f"{cost.nats_per_token:.3g} nats per token on {esc(cost.tokens)} (the loss with them minus the "
         f"loss without): {_share(cost.share)} of the {cost.heads_gain:.4f} nats the heads gain over the "
-        "direct path.</p>"
+        f"direct path. It covers {esc(cost.covers or 'the crossings listed above')}.</p>"
         + table(["head", "bug cost (nats/token)", "head's gain over the direct path", "share"], heads)
         + table(["head", "source …", "destination", "→ crossed out", "fires", "cost (nats/token)"], top)
     )
