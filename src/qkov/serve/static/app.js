@@ -242,19 +242,29 @@ function drawHeadTable() {
 }
 
 function suggest() {
-  var best = function (key, layers) {
-    return scores.heads.filter(function (h) { return layers(h.layer); }).reduce(function (a, b) { return (b[key] || 0) > (a[key] || 0) ? b : a; });
+  // Names a head previous-token or induction only when analyze does (its list, its threshold).
+  var strongest = function (key, heads) {
+    return heads.reduce(function (a, b) { return (b[key] || 0) > (a[key] || 0) ? b : a; });
+  };
+  var pick = function (key, names, threshold, layers) {
+    var candidates = scores.heads.filter(function (h) { return layers(h.layer); });
+    var named = candidates.filter(function (h) { return names.indexOf(h.name) >= 0; });
+    return { head: named.length ? strongest(key, named) : null, best: strongest(key, candidates), key: key, threshold: threshold };
+  };
+  var say = function (label, found) {
+    if (found.head) return label + ': ' + found.head.name + ' (' + fmt(found.head[found.key], 2) + '). ';
+    return label + ': none above ' + fmt(found.threshold, 2) + ' (best: ' + found.best.name + ', ' + fmt(found.best[found.key], 2) + '). ';
   };
   var last = model.config.n_layers - 1;
   if (last < 1) { $('guide').textContent = ''; return; }
-  var prev = best('previous_token_score', function (l) { return l < last; });
-  var ind = best('induction_score', function (l) { return l > 0; });
+  var prev = pick('previous_token_score', scores.previous_token_heads, scores.previous_token_threshold, function (l) { return l < last; });
+  var ind = pick('induction_score', scores.induction_heads, scores.induction_threshold, function (l) { return l > 0; });
   var guide = clear($('guide'));
-  guide.appendChild(document.createTextNode('Previous-token head: ' + prev.name + ' (' + fmt(prev.previous_token_score, 2) + '). Induction head: ' +
-    ind.name + ' (' + fmt(ind.induction_score, 2) + '). '));
-  if (prev.layer < ind.layer) {
-    guide.appendChild(el('button', { text: 'why does ' + ind.name + ' work?', onclick: function () {
-      state.writer = prev.name; state.reader = ind.name; state.kind = 'K'; saveState(); setPairSelects(); showPair();
+  guide.appendChild(document.createTextNode(say('Previous-token head', prev) + say('Induction head', ind)));
+  if (prev.head && ind.head && prev.head.layer < ind.head.layer) {
+    var writer = prev.head.name, reader = ind.head.name;
+    guide.appendChild(el('button', { text: 'why does ' + reader + ' work?', onclick: function () {
+      state.writer = writer; state.reader = reader; state.kind = 'K'; saveState(); setPairSelects(); showPair();
     } }));
   }
 }
