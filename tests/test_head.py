@@ -37,7 +37,8 @@ def test_head_scores_are_the_ones_analyze_writes(served):
     assert body["induction_heads"] == behaviour.induction_heads
     assert body["previous_token_heads"] == behaviour.previous_token_heads
     # the page names a head only past analyze's own thresholds, the constants named once
-    assert (body["previous_token_threshold"], body["induction_threshold"]) == (PREVIOUS_TOKEN_HEAD, INDUCTION_HEAD)
+    assert body["previous_token_threshold"] == PREVIOUS_TOKEN_HEAD
+    assert body["induction_threshold"] == INDUCTION_HEAD
     spectra = {s.name: s for s in qkov.head_spectra(model, "OV", k=10)}
     assert [h["singular_values"] for h in body["heads"]] == [
         list(spectra[h["name"]].singular_values) for h in body["heads"]
