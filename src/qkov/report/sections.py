@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from qkov.circuits.ablation import MEANINGS
 from qkov.circuits.heads import AttentionExample
 from qkov.circuits.neurons import LayerNeurons
 from qkov.circuits.phase_change import MIN_SLOPE_SPACING, PhaseChange
@@ -749,11 +750,16 @@ def ablation_section(r: Results) -> str:
     return figure(
         heatmap(values, rows, later + ["loss, last repeat"], label="ablation effects"),
         "Change in each later head's induction score (and in the loss on the last repeat) when an earlier "
-        "head's write is replaced by zero or by its mean, on "
+        f"head's write is ablated ({ablation_modes(e.mode for e in effects)}), on "
         f"{effects[0].sequences} sequence(s) of random tokens repeating every {effects[0].period} "
         f"positions: {rerun}.",
         "ablating the previous-token head breaks the induction heads.",
     )
+
+
+def ablation_modes(modes) -> str:
+    """What each ablation mode used means, in the order first used: ``zero: replaced by zero ...``."""
+    return "; ".join(f"{esc(mode)}: {MEANINGS.get(mode, mode)}" for mode in dict.fromkeys(modes))
 
 
 ESTIMATES_SHOWN = 24  # the largest estimated ablations listed in the report (results.json has all)
@@ -774,7 +780,8 @@ def ablation_estimate_section(r: Results) -> str:
         f"estimated to first order by attribution patching (one forward and one backward pass for "
         f"every head: the gradient at each head's write times the ablation's change of it) on "
         f"{esc(estimate.tokens)}, {estimate.sequences} sequence(s) of period {estimate.period}; the "
-        f"largest {len(rows)} of {len(estimate.ablations)}. Exact: a rerun with the head ablated "
+        f"largest {len(rows)} of {len(estimate.ablations)} "
+        f"({ablation_modes(a.mode for a in estimate.ablations)}). Exact: a rerun with the head ablated "
         f"({estimate.exact} of them{rho}); '—': estimated only.",
         "the estimate ranks the heads that matter first; where it and the rerun differ, the rerun is "
         "the number.",
@@ -858,8 +865,9 @@ def task_section(r: Results) -> str:
         f"probability of the target {task.mean_target_probability:.4f}, over the {task.positions} "
         f"position(s) with a target in {task.sequences} sequence(s).</p>"
         + table(["head", "ablation", "loss", "loss change", "accuracy", "accuracy change"], rows)
-        + "<p class='small'>Each head's write replaced by zero or by its mean over this data: a loss that "
-        "rises and an accuracy that falls say the task needs the head.</p>"
+        + f"<p class='small'>Each head's write ablated on this data "
+        f"({ablation_modes(a.mode for a in task.ablations)}): a loss that rises and an accuracy that "
+        "falls say the task needs the head.</p>"
     )
 
 
