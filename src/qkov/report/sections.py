@@ -16,18 +16,21 @@ from qkov.names import head_name, parse_head
 from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
 from qkov.report.svg import (
     attention_grid,
+    attention_scale,
     bars,
     circuit_diagram,
     esc,
     heatmap,
     line_chart,
     scatter,
+    shared_limit,
     training_heatmap,
 )
 from qkov.results import Claim, Results
 from qkov.training_log import TrainingPoint
 
 BLUE, RED = "#1f77b4", "#d62728"
+GREEN, PURPLE = "#2ca02c", "#9467bd"  # eigenvalues: positive and negative real part
 
 
 def claims_section(claims: list[Claim]) -> str:
@@ -287,7 +290,7 @@ def heads_section(r: Results) -> str:
 def _eigenvalue_plot(name: str, score: float | None, eigenvalues: list[tuple[float, float]]) -> str:
     limit = max((abs(complex(re, im)) for re, im in eigenvalues), default=1.0) or 1.0
     points = [
-        {"x": re, "y": im, "label": f"{re:+.3g}{im:+.3g}i", "colour": BLUE if re >= 0 else RED}
+        {"x": re, "y": im, "label": f"{re:+.3g}{im:+.3g}i", "colour": GREEN if re >= 0 else PURPLE}
         for re, im in eigenvalues
     ]
     plot = scatter(
@@ -311,11 +314,13 @@ def copying_section(r: Results) -> str:
         )
     x_label = "copying score (0: random, 1: heads; red: above the 99th percentile)"
     against = scatter(
-        points, x_label, "", (-1, 1), (-0.5, 1.5), "copying scores against the random baseline", 700, 180
-    )
+        points, x_label, "", (-1, 1), (-0.5, 1.5), "copying scores against the random baseline", 700, 180,
+        marks=[(copying.threshold, "99th percentile of random")],
+    )  # fmt: skip
     caption = (
         "Top: each head's copying score (row 1) against the scores of random matrices of the same shapes "
-        "(row 0). Below: eigenvalues of each head's full OV circuit W_E W_V W_O W_U. "
+        "(row 0; red: above the 99th percentile, blue: below it). Below: eigenvalues of each head's full "
+        "OV circuit W_E W_V W_O W_U (green: positive real part, copying; purple: negative). "
         f"{copying.copying_heads} of {len(copying.heads)} heads score above {copying.threshold:+.2f}, the "
         f"99th percentile of random matrices of the same shapes (mean {copying.baseline_mean:+.2f})."
     )
@@ -427,15 +432,16 @@ def attention_figure(example: AttentionExample, strings: list[str]) -> str:
         f"<div class='attention-viewer'><script type='application/json'>{json_for_script(data)}</script>"
         "<div class='heads'></div><div class='status small'></div><div class='tokens'></div></div>"
     )
-    cell = max(3, 144 // len(example.tokens))  # 3 pixels a token at the report's 48; larger when short
-    static = "".join(
-        f"<div><div class='small'>{esc(name)}</div>{attention_grid(name, pattern, cell)}</div>"
+    labels = [shown(strings[t]) for t in example.tokens]
+    static = attention_scale() + "".join(
+        f"<div><div class='small'>{esc(name)}</div>{attention_grid(name, pattern, labels)}</div>"
         for name, pattern in example.patterns.items()
     )
     return figure(
         viewer + f"<div class='grid'>{static}</div>",
         f"Attention on {example.description}. Pick a head and hover a token to see where it attends (needs "
-        "JavaScript); below, every head's pattern (rows: destination, columns: source).",
+        "JavaScript); below, every head's pattern (rows: destination, columns: source; hover a cell for "
+        "its weight).",
         "previous-token heads attend one back; induction heads attend to the token after the earlier "
         "occurrence of the current token (an off-diagonal stripe one period back).",
     )
@@ -556,20 +562,28 @@ def composition_section(r: Results) -> str:
     composition = r.composition
     if composition is None:
         return ""
-    figures = []
+    grids = {}
     for kind, pairs in (("Q", composition.Q), ("K", composition.K), ("V", composition.V)):
         writers = sorted({p.writer for p in pairs}, key=parse_head)
         readers = sorted({p.reader for p in pairs}, key=parse_head)
         for title, value in (("baseline subtracted", lambda p: p.score), ("raw", lambda p: p.raw)):
             grid = {(p.writer, p.reader): value(p) for p in pairs}
-            values = [[grid.get((w, rd)) for rd in readers] for w in writers]
-            chart = heatmap(values, writers, readers, label=f"{kind}-composition {title}")
-            figures.append(f"<div><div class='small'>{kind}-composition, {title}</div>{chart}</div>")
+            grids[kind, title] = (writers, readers, [[grid.get((w, rd)) for rd in readers] for w in writers])
+    limit = shared_limit(*(values for _, _, values in grids.values()))  # one scale for all six
+    figures = []
+    for (kind, title), (writers, readers, values) in grids.items():
+        baseline = composition.baseline if title == "raw" else 0.0
+        chart = heatmap(
+            values, writers, readers, limit, label=f"{kind}-composition {title}", scale=f"{kind} {title}",
+            marks=[(baseline, "random")],
+        )  # fmt: skip
+        figures.append(f"<div><div class='small'>{kind}-composition, {title}</div>{chart}</div>")
     return figure(
         f"<div class='grid'>{''.join(figures)}</div>",
-        "Composition scores, rows: earlier head, columns: later head. The baseline "
-        f"({composition.baseline:.3f}) is the expected score of random heads of the same shapes; "
-        "TransformerLens reports the raw score.",
+        "Composition scores, rows: earlier head, columns: later head; one colour scale for the six maps "
+        f"(red above zero, blue below, saturating at ±{limit:.3g}). The baseline "
+        f"({composition.baseline:.3f}, dashed 'random' on each colour bar: 0 once subtracted) is the "
+        "expected score of random heads of the same shapes; TransformerLens reports the raw score.",
         "only K-composition with the previous-token head stands out (the corrected paper adds that the "
         "Q- and V-composition seen earlier came from a bug in its low-rank library).",
     )
@@ -739,7 +753,8 @@ def ablation_section(r: Results) -> str:
         return ""
     later = sorted({name for e in effects for name in e.induction_change}, key=parse_head)
     rows = [f"{e.head} ({e.mode})" for e in effects]
-    values = [[e.induction_change.get(name) for name in later] + [e.loss_change[-1]] for e in effects]
+    induction = [[e.induction_change.get(name) for name in later] for e in effects]
+    loss = [[e.loss_change[-1]] for e in effects]
     every = 2 * r.config.n_heads * (r.config.n_layers - 1)  # both modes, every head read by a later layer
     rerun = (
         "every ablation rerun exactly"
@@ -747,12 +762,16 @@ def ablation_section(r: Results) -> str:
         else f"exact reruns of the {len(effects)} of {every} ablations the first-order estimate ranks "
         "highest (below)"
     )
+    charts = heatmap(
+        induction, rows, later, 1.0, label="ablation effects", scale="induction change"
+    ) + heatmap(loss, rows, ["loss, last repeat"], label="ablation loss change", scale="loss change (nats)")
     return figure(
-        heatmap(values, rows, later + ["loss, last repeat"], label="ablation effects"),
-        "Change in each later head's induction score (and in the loss on the last repeat) when an earlier "
-        f"head's write is ablated ({ablation_modes(e.mode for e in effects)}), on "
+        f"<div class='grid'>{charts}</div>",
+        "Left: change in each later head's induction score (from -1 to +1, the scale's ends); right: "
+        "change in the loss on the last repeat (nats, its own scale), when an earlier head's write is "
+        f"ablated ({ablation_modes(e.mode for e in effects)}), on "
         f"{effects[0].sequences} sequence(s) of random tokens repeating every {effects[0].period} "
-        f"positions: {rerun}.",
+        f"positions: {rerun}. Red: the score or the loss rises; blue: it falls.",
         "ablating the previous-token head breaks the induction heads.",
     )
 
