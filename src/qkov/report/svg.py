@@ -424,7 +424,8 @@ def training_heatmap(
         f'preserveAspectRatio="none" style="image-rendering:pixelated" href="data:image/png;base64,{png}"/>'
     )
     parts = axes.frame(x_label, y_label) + [image] + _marks(axes, marks)  # the image hides the grid
-    return _svg(axes.width + 20, axes.height, parts, label), limit  # room for the last tick's label
+    parts += colour_bar(axes.width + 24, axes.top + 12, height - 12, limit, "from the mean")
+    return _svg(axes.width + 90, axes.height, parts, label), limit  # the bar right of the plot
 
 
 def attention_grid(name: str, pattern: list[list[float]], strings: list[str] | None = None) -> str:

@@ -287,7 +287,10 @@ function drawEigenvalues() {
   h.eigenvalues.forEach(function (e) {
     var c = document.createElementNS(ns, 'circle');
     c.setAttribute('cx', scale(e[0])); c.setAttribute('cy', scale(-e[1])); c.setAttribute('r', 3);
-    c.setAttribute('fill', e[0] >= 0 ? '#1f77b4' : '#d62728'); svg.appendChild(c);
+    c.setAttribute('fill', e[0] >= 0 ? '#2ca02c' : '#9467bd');  // as the report: green copies, purple does not
+    var tip = document.createElementNS(ns, 'title');
+    tip.textContent = fmt(e[0], 3) + (e[1] < 0 ? ' - ' : ' + ') + fmt(Math.abs(e[1]), 3) + 'i';
+    c.appendChild(tip); svg.appendChild(c);
   });
   var label = document.createElementNS(ns, 'text');
   label.setAttribute('x', 4); label.setAttribute('y', 12);
