@@ -506,7 +506,7 @@ def _bug_table(bugs: list[SkipTrigramBug], strings: list[str]) -> str:
     )
 
 
-def _share(share: float | None) -> str:
+def _percent(share: float | None) -> str:
     return "—" if share is None else f"{100 * share:.3g}%"
 
 
@@ -514,7 +514,7 @@ def _bug_cost(cost: BugCost | None, strings: list[str]) -> str:
     if cost is None:
         return ""
     heads = [
-        [name, f"{by:.3g}", f"{cost.head_gain[name]:.4f}", _share(cost.share_by_head[name])]
+        [name, f"{by:.3g}", f"{cost.head_gain[name]:.4f}", _percent(cost.share_by_head[name])]
         for name, by in cost.by_head.items()
     ]
     top = [
@@ -533,7 +533,7 @@ def _bug_cost(cost: BugCost | None, strings: list[str]) -> str:
         f"<p>The {cost.terms} bugged terms (crossed skip-trigrams never seen in the corpus: each head's OV "
         "contribution to the crossed output where it fires, attention frozen) cost "
         f"{cost.nats_per_token:.3g} nats per token on {esc(cost.tokens)} (the loss with them minus the "
-        f"loss without): {_share(cost.share)} of the {cost.heads_gain:.4f} nats the heads gain over the "
+        f"loss without): {_percent(cost.share)} of the {cost.heads_gain:.4f} nats the heads gain over the "
         "direct path.</p>"
         + table(["head", "bug cost (nats/token)", "head's gain over the direct path", "share"], heads)
         + table(["head", "source …", "destination", "→ crossed out", "fires", "cost (nats/token)"], top)
