@@ -1,4 +1,4 @@
-"""The report's sections (``report/sections.py``) render what the results hold: the phase change's window
+"""The report's sections (``report/sections/``) render what the results hold: the phase change's window
 and figures, and the batch each ablation ran on."""
 
 from __future__ import annotations
