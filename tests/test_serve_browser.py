@@ -138,6 +138,8 @@ def test_explore_the_induction_head_in_headless_chromium(server, browser):
     assert status.startswith('L1H0: token 9 "cat" attends most to 1 "sat"'), status
     alpha = re.search(r"background: rgba\(31, 119, 180, ([0-9.]+)\)", tokens[1].get_attribute("style"))
     assert float(alpha[1]) > 0.9  # drawn where it attends
+    weight = re.search(r"L1H0 attention of 9 to it: ([0-9.]+)", tokens[1].get_attribute("title"))
+    assert weight and float(weight[1]) == pytest.approx(float(alpha[1]), abs=4e-3)  # CSS alpha: 8 bits
     driver.save_screenshot(str(ARTIFACTS / "serve-attention.png"))
 
     tokens[9].click()  # its path expansion and, for L1H0, its OV and QK rows

@@ -30,6 +30,11 @@ def induction_section(r: Results) -> str:
                 "colour": colour,
             }
         )
+    # the copying score's random baseline: its 99th percentile over random matrices of the same shapes
+    marks = [(r.copying.threshold, "random, 99th pct")] if r.copying else []
+    dashed = (
+        f"; dashed: {r.copying.threshold:+.2f}, the 99th percentile of random heads' copying" if marks else ""
+    )
     plot = scatter(
         points,
         "OV copying score",
@@ -37,12 +42,13 @@ def induction_section(r: Results) -> str:
         (-1, 1),
         (-1, 1),
         "induction corner plot",
+        marks=marks,
     )
     return figure(
         plot,
         "Each later-layer head: its OV copying score against the eigenvalue positivity of its token-level "
         "K-composition term with the earlier head that gives the strongest (red: induction score above "
-        f"{repeated.induction_threshold}).",
+        f"{repeated.induction_threshold}{dashed}).",
         "induction heads sit in the top-right corner: they copy, and match 'same token' through the "
         "previous-token head.",
     )

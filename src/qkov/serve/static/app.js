@@ -120,8 +120,9 @@ function drawTokens() {
   if (!run) return;
   run.tokens.forEach(function (t, i) {
     var span = el('span', { cls: 'tok', text: shown(t.str) });
-    span.title = '#' + t.id + ' at ' + i + ' · predicts ' + shown(run.prediction[i].str) + ' · target ' +
+    span.dataset.about = '#' + t.id + ' at ' + i + ' · predicts ' + shown(run.prediction[i].str) + ' · target ' +
       (run.target[i] ? shown(run.target[i].str) + ' · loss ' + fmt(run.loss[i], 2) + ' ' + verdict(i) : 'none');
+    span.title = span.dataset.about;
     span.classList.toggle('no-target', run.target[i] === null);
     span.addEventListener('mouseenter', function () { paint(i); });
     span.addEventListener('click', function () { selectPosition(i); });
@@ -144,6 +145,13 @@ function paint(hover) {
     }
     span.style.background = bg;
     span.style.borderBottomColor = under;
+    // the weights behind the colours, on hover: what the hovered token gives this one, and takes from it
+    var weights = [];
+    if (state.mode !== 'loss' && pattern && hover !== null) {
+      if (i <= hover) weights.push('attention of ' + hover + ' to it: ' + fmt(pattern[hover][i], 3));
+      if (i >= hover) weights.push('its attention to ' + hover + ': ' + fmt(pattern[i][hover], 3));
+    }
+    span.title = span.dataset.about + (weights.length ? ' · ' + state.head + ' ' + weights.join(', ') : '');
     span.classList.toggle('hovered', i === hover);
     span.classList.toggle('selected', i === state.pos);
   }
