@@ -27,9 +27,10 @@ def activation(x: np.ndarray, act_fn: str) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))  # gelu_new
 
 
-def reference_forward(weights: dict[str, np.ndarray], cfg, tokens: np.ndarray, patterns=None):
+def reference_forward(weights: dict[str, np.ndarray], cfg, tokens: np.ndarray, patterns=None, replace=None):
     """Logits, per-layer patterns [batch, head, dest, src], head writes [batch, pos, head, d_model]
-    and the final residual stream (before the final LayerNorm)."""
+    and the final residual stream (before the final LayerNorm). ``replace``: ``{(layer, head):
+    write}``, a head's write replaced by an array broadcast to ``[batch, pos, d_model]``."""
     w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
     batch, n = tokens.shape
     resid = w["W_E"][tokens]
@@ -58,6 +59,9 @@ def reference_forward(weights: dict[str, np.ndarray], cfg, tokens: np.ndarray, p
                     pattern = np.asarray(patterns[layer][b, h], dtype=np.float64)
                 layer_patterns[b, h] = pattern
                 writes[b, :, h] = pattern @ v @ w[p + "W_O"][h]
+        for (at, h), write in (replace or {}).items():
+            if at == layer:
+                writes[:, :, h] = np.broadcast_to(write, (batch, n, cfg.d_model))
         resid = resid + writes.sum(axis=2) + bias("b_O", (cfg.d_model,))
         if cfg.d_mlp:
             m = f"blocks.{layer}.mlp."

@@ -32,7 +32,9 @@ def test_the_estimate_is_exact_when_the_metric_is_linear_in_the_head_writes():
     tokens = torch.randint(
         0, model.cfg.d_vocab, (3, model.cfg.n_ctx), generator=torch.Generator().manual_seed(2)
     )
-    weights = torch.randn(model.cfg.n_ctx, model.cfg.d_vocab, dtype=torch.float64)
+    # weights that differ across the batch: with the same weights for every sequence, the change
+    # from the per-position mean, summed over the batch, would be zero
+    weights = torch.randn(3, model.cfg.n_ctx, model.cfg.d_vocab, dtype=torch.float64)
 
     def metric(logits):
         return (logits * weights).sum() / 7.0

@@ -173,3 +173,5 @@ def test_the_skip_trigram_step_fills_the_bug_cost_with_a_corpus_and_the_report_s
     )
     html = skip_trigram_section(results)
     assert "What the bugs cost" in html and f"{found.bug_cost.nats_per_token:.3g} nats" in html
+    # shares as percentages (a later helper of the same name once printed them as "+0.00")
+    assert f"loss without): {100 * found.bug_cost.share:.3g}% of the" in html

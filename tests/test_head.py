@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 
 import qkov
 from qkov.analyze import analyze
+from qkov.circuits.heads import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD
 from qkov.circuits.skip_trigrams import head_circuits, strongest_skip_trigrams
 from qkov.serve import build_app
 from test_skip_trigrams_through import brute_force, dense_strengths
@@ -34,6 +35,10 @@ def test_head_scores_are_the_ones_analyze_writes(served):
         assert [tuple(e) for e in mine["eigenvalues"]] == c.eigenvalues
     assert body["copying_threshold"] == copying.threshold
     assert body["induction_heads"] == behaviour.induction_heads
+    assert body["previous_token_heads"] == behaviour.previous_token_heads
+    # the page names a head only past analyze's own thresholds, the constants named once
+    assert body["previous_token_threshold"] == PREVIOUS_TOKEN_HEAD
+    assert body["induction_threshold"] == INDUCTION_HEAD
     spectra = {s.name: s for s in qkov.head_spectra(model, "OV", k=10)}
     assert [h["singular_values"] for h in body["heads"]] == [
         list(spectra[h["name"]].singular_values) for h in body["heads"]

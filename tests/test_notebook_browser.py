@@ -80,19 +80,22 @@ def test_views_render_inline_with_hover_in_a_real_kernel_and_browser(notebook_pa
     next(b for b in first.find_elements("css selector", "button.head") if b.text == "L1H0").click()
     tokens = first.find_elements("css selector", ".tokens .tok")
     ActionChains(driver).move_to_element(tokens[8]).perform()  # the third "3"
-    assert (
-        first.find_element("css selector", ".status").text
-        == "L1H0: attention from token 8 (hover another token)"
+    status = first.find_element("css selector", ".status").text
+    assert re.fullmatch(
+        r'L1H0: token 8 attends most to 5 "#5" \([01]\.\d\d\); hover a token for its weight', status
     )
     alphas = _alphas(first)
     assert alphas[5] > 0.9  # the induction head: the token after the latest earlier "3"
+    title = tokens[5].get_attribute("title")  # the weight behind the colour, on hover
+    assert re.fullmatch(r'5 "#5" · L1H0: attention from 8: [01]\.\d{3}', title)
+    assert float(title.rsplit(": ", 1)[1]) == pytest.approx(alphas[5], abs=4e-3)
     assert all(a == 0 for a in alphas[9:])  # nothing after the destination
     assert all(a == 0 for a in _alphas(second))  # the other view is untouched
     driver.save_screenshot(str(ARTIFACTS / "notebook-hover.png"))
 
     ActionChains(driver).move_to_element(second.find_elements("css selector", ".tokens .tok")[3]).perform()
     assert _alphas(second)[2] > 0.9  # L0H0, the previous-token head, on the other view
-    assert second.find_element("css selector", ".status").text.startswith("L0H0: attention from token 3")
+    assert second.find_element("css selector", ".status").text.startswith("L0H0: token 3 attends most to 2")
     driver.execute_script("arguments[0].scrollIntoView()", second)
     driver.save_screenshot(str(ARTIFACTS / "notebook-second-view.png"))
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]

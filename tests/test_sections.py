@@ -1,4 +1,4 @@
-"""The report's sections (``report/sections.py``) render what the results hold: the phase change's window
+"""The report's sections (``report/sections/``) render what the results hold: the phase change's window
 and figures, and the batch each ablation ran on."""
 
 from __future__ import annotations
@@ -39,3 +39,21 @@ def test_the_ablation_figure_says_which_batch_it_ran_on(reports):
     cut = [dataclasses.replace(e, sequences=3, period=7) for e in models["2-layer"].ablation]
     html = render_report(models | {"2-layer": dataclasses.replace(models["2-layer"], ablation=cut)}, claims)
     assert f"on 3 {caption} 7 positions" in html and f"on 32 {caption}" not in html
+
+
+def test_the_ablation_figure_says_which_ablation_it_ran(reports):
+    """Each mode the results hold is defined in the caption; a mode they do not hold is not."""
+    models, claims = reports
+    html = render_report(models, claims)
+    assert (
+        "ablated (zero: replaced by zero (the value bias included); mean: replaced by its mean over the "
+        "batch at each position)" in html
+    )
+    batch_mean = [
+        dataclasses.replace(e, mode="batch-mean") for e in models["2-layer"].ablation if e.mode == "mean"
+    ]
+    html = render_report(
+        models | {"2-layer": dataclasses.replace(models["2-layer"], ablation=batch_mean)}, claims
+    )
+    assert "ablated (batch-mean: replaced by its mean over the batch and every position)" in html
+    assert "at each position" not in html.split("ablation effects")[1].split("</figure>")[0]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import qkov
 
-from conftest import CLASSIFIER, classifier_data, random_model
+from conftest import CLASSIFIER, classifier_data, random_model, small_config
 from pages import headless_chromium
 from served import EVIL, ROWS, UNTARGETED, explorer_checkpoint, word_data
 
@@ -89,6 +89,14 @@ def classifier_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def random_server(tmp_path_factory):
+    """A 2-layer model with random weights: no head passes analyze's thresholds."""
+    folder = tmp_path_factory.mktemp("browser-random")
+    qkov.save(random_model(small_config(), seed=3), folder / "ckpt")
+    yield from serving(folder / "ckpt")
+
+
+@pytest.fixture(scope="module")
 def browser():
     yield from headless_chromium("1300,2400")
 
@@ -130,6 +138,8 @@ def test_explore_the_induction_head_in_headless_chromium(server, browser):
     assert status.startswith('L1H0: token 9 "cat" attends most to 1 "sat"'), status
     alpha = re.search(r"background: rgba\(31, 119, 180, ([0-9.]+)\)", tokens[1].get_attribute("style"))
     assert float(alpha[1]) > 0.9  # drawn where it attends
+    weight = re.search(r"L1H0 attention of 9 to it: ([0-9.]+)", tokens[1].get_attribute("title"))
+    assert weight and float(weight[1]) == pytest.approx(float(alpha[1]), abs=4e-3)  # CSS alpha: 8 bits
     driver.save_screenshot(str(ARTIFACTS / "serve-attention.png"))
 
     tokens[9].click()  # its path expansion and, for L1H0, its OV and QK rows
@@ -273,3 +283,20 @@ def test_a_classifiers_page_reads_classes_and_says_why_there_is_no_loss(classifi
     driver.save_screenshot(str(ARTIFACTS / "serve-classifier.png"))
     assert driver.find_element("id", "error").text == ""
     no_hostile_markup_ran(driver)
+
+
+def test_a_random_model_has_no_induction_head_to_explain(random_server, browser):
+    """The guide says what analyze says: no head named below analyze's thresholds, the best one
+    shown as such, and no "why does it work?" offer."""
+    driver = browser
+    driver.get(random_server)
+    wait_for(driver, lambda d: "Induction head" in texts(d, "#guide")[0], "the head scores")
+    guide = texts(driver, "#guide")[0]
+    found = re.fullmatch(
+        r"Previous-token head: none above 0\.50 \(best: L0H\d, 0\.\d\d\)\. "
+        r"Induction head: none above 0\.30 \(best: L1H\d, 0\.\d\d\)\. ",
+        guide,
+    )
+    assert found, guide
+    assert driver.find_elements("css selector", "#guide button") == []
+    driver.save_screenshot(str(ARTIFACTS / "serve-random-guide.png"))

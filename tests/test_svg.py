@@ -10,12 +10,14 @@ import pytest
 
 from qkov.report.svg import (
     attention_grid,
+    diverging,
     diverging_rgb,
     esc,
     heatmap,
     line_chart,
     saturation,
     sequential,
+    shared_limit,
     training_heatmap,
 )
 
@@ -56,16 +58,50 @@ def test_the_training_heatmap_colours_each_evaluation_against_its_own_mean():
 
 def test_an_attention_grid_draws_the_weights_above_its_floor():
     pattern = [[1.0], [0.5, 0.5], [0.01, 0.0, 0.99]]
-    grid = attention_grid("L0H1 <b>", pattern)
-    assert len(re.findall(r"<rect x=", grid)) == 4  # 0.01 and 0.0 are left blank
-    assert 'x="6" y="6"' in grid and "pattern L0H1 &lt;b&gt;" in grid and "<b>" not in grid
+    grid = attention_grid("L0H1 <b>", pattern, ["a", "<i>", "c"])
+    cells = re.findall(r"<rect x=[^>]*><title>([^<]*)</title>", grid)
+    assert len(cells) == 4  # 0.01 and 0.0 are left blank
+    assert cells[1] == "L0H1 &lt;b&gt;: 1 &lt;i&gt; attends to 0 a: 0.500"  # each weight on hover
+    assert "pattern L0H1 &lt;b&gt;" in grid and "<b>" not in grid and "<i>" not in grid
+    labels = re.findall(r"<text [^>]*>([^<]*)</text>", grid)
+    assert labels == ["0 a", "0 a", "1 &lt;i&gt;", "1 &lt;i&gt;", "2 c", "2 c"]  # each token, both axes
+    assert int(re.search(r'width="(\d+)"', grid)[1]) >= 60  # 20-pixel cells when short
+
+
+def test_a_long_pattern_keeps_readable_cells():
+    n = 128
+    grid = attention_grid("L0H0", [[1.0 / (d + 1)] * (d + 1) for d in range(n)], [f"t{i}" for i in range(n)])
+    sizes = {float(w) for w in re.findall(r'<rect x="[^"]*" y="[^"]*" width="([^"]*)" height', grid)[1:]}
+    assert sizes == {8.0}  # 8 pixels a token at the most, where 144 // 128 gave 1 before
+
+
+def test_a_heatmap_is_centred_at_zero_with_a_colour_bar_and_its_marks():
+    chart = heatmap(
+        [[-0.015, 0.015], [0.5, None]], ["a", "b"], ["c", "d"], 0.5, scale="K raw", marks=[(0.2, "random")]
+    )
+    fills = re.findall(r'fill="(rgb\([^)]*\))"><title>', chart)
+    assert (
+        fills[0] == diverging(-0.015, 0.5) and fills[2] == "rgb(255,0,0)"
+    )  # +0.5 saturates at the shared 0.5
+    light = diverging_rgb(-0.015, 0.5)
+    assert min(light) > 240  # a score near zero is nearly white, not pure blue
+    bar = chart[chart.index('class="colour-bar"') :]
+    assert 'data-limit="0.5"' in bar and "K raw" in bar
+    assert re.findall(r'class="bar-tick"[^>]*>([^<]*)<', bar) == ["0.5", "0", "-0.5"]
+    assert re.findall(r'class="bar-mark"[^>]*>([^<]*)<', bar) == ["random"]
+    assert "-.015" in chart and "a → c: -0.015" in chart  # printed in the cell and on hover
+
+
+def test_shared_limit_is_the_largest_magnitude_of_every_grid():
+    assert shared_limit([[0.1, None]], [[-0.4], [float("nan")]]) == 0.4
+    assert shared_limit([[None]]) == 1.0
 
 
 def test_labels_and_tooltips_are_escaped():
     chart = heatmap([[0.5]], ['<img src=x onerror="1">'], ["</svg>"], label="a & b")
     assert "<img" not in chart and chart.count("</svg>") == 1
     assert esc('<img src=x onerror="1">') in chart and 'aria-label="a &amp; b"' in chart
-    assert "→ &lt;/svg&gt;: 0.500" in chart
+    assert "→ &lt;/svg&gt;: 0.5<" in chart
 
 
 @pytest.mark.parametrize("text, escaped", [("<", "&lt;"), ('"', "&quot;"), ("'", "&#x27;"), ("&", "&amp;")])

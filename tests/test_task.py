@@ -52,7 +52,8 @@ def test_the_task_scores_and_every_ablation_are_the_dense_ones():
     for ablation in task.ablations:  # each ablation: the dense model with that head's write replaced
         layer, head = int(ablation.head[1]), int(ablation.head[3])
         writes = cache[f"blocks.{layer}.attn.hook_result"][:, :, head]
-        value = torch.zeros_like(writes) if ablation.mode == "zero" else writes.mean((0, 1)).expand_as(writes)
+        # "mean": the head's mean write over the batch, at each position
+        value = torch.zeros_like(writes) if ablation.mode == "zero" else writes.mean(0).expand_as(writes)
 
         def edit(at, w, layer=layer, head=head, value=value):
             if at == layer:

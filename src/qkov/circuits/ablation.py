@@ -1,6 +1,17 @@
 """Ablating a head: replace its write to the residual stream by zero or by its mean, and see what
 breaks downstream (section "Two-Layer Attention-Only Transformers": without the previous-token head
 there is no induction).
+
+The write is ``blocks.{l}.attn.hook_result`` of the model as given, ``(A (x W_V + b_V)) W_O``: the
+value bias is part of it, so zero ablation removes the whole head, as on the raw model. (A model
+whose value biases were folded into ``b_O``, as TransformerLens' ``fold_value_biases`` and
+:func:`qkov.interop.fold.fold` do, keeps ``b_V W_O`` there when the head is zeroed: ablate the model
+before folding.) The modes, as the field defines them:
+
+- ``"mean"`` (the default, as TransformerLens users and the ARENA solutions compute it): the
+  head's mean write over the batch, at each position;
+- ``"batch-mean"``: its mean over the batch and every position (one vector);
+- ``"zero"``: nothing written.
 """
 
 from __future__ import annotations
@@ -9,7 +20,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from qkov.circuits.budget import forward_flop, layer_flop, unembed_flop
@@ -21,7 +32,28 @@ from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, hook_name, parse_head
 
-MODES = ("zero", "mean")
+MODES = ("zero", "mean")  # what analyze runs: zero and the per-position mean
+CHOICES = ("zero", "mean", "batch-mean")
+MEANINGS = {
+    "zero": "replaced by zero (the value bias included)",
+    "mean": "replaced by its mean over the batch at each position",
+    "batch-mean": "replaced by its mean over the batch and every position",
+}
+
+
+def check_mode(mode: str) -> str:
+    if mode not in CHOICES:
+        raise QkovError(f"ablation mode must be one of {', '.join(map(repr, CHOICES))}, got {mode!r}")
+    return mode
+
+
+def replacement(writes: Float[Tensor, "batch pos n_heads d_model"], head: int, mode: str) -> Tensor | float:
+    """What ``head``'s write becomes under ``mode`` (:data:`CHOICES`), broadcastable to
+    ``writes[:, :, head]``: 0, its per-position mean ``[pos, d_model]`` over the batch, or its
+    mean over batch and positions ``[d_model]``."""
+    if check_mode(mode) == "zero":
+        return 0.0
+    return writes[:, :, head].mean(0 if mode == "mean" else (0, 1))
 
 
 @dataclass(frozen=True)
@@ -52,21 +84,20 @@ def run_ablated(
     mode: str,
     clean_cache: dict | None = None,
 ) -> tuple[Tensor, dict]:
-    """Logits and cache with head ``(layer, head)``'s write replaced: by zero (``"zero"``) or by
-    its mean over the batch and positions of this input (``"mean"``, taken from ``clean_cache``,
-    the unablated run on ``tokens``, which is computed when not given)."""
-    if mode not in MODES:
-        raise QkovError(f"ablation mode must be 'zero' or 'mean', got {mode!r}")
-    mean = None
-    if mode == "mean":
+    """Logits and cache with head ``(layer, head)``'s write replaced as ``mode`` says
+    (:func:`replacement`: ``"zero"``, ``"mean"`` per position, ``"batch-mean"``), the means taken
+    over this input's unablated run (``clean_cache``, computed when not given)."""
+    if mode == "zero":
+        value = replacement(torch.empty(0), head, mode)
+    else:
         clean = clean_cache if clean_cache is not None else model.run_with_cache(tokens)[1]
-        mean = clean[hook_name(layer, "result")][:, :, head].mean((0, 1))
+        value = replacement(clean[hook_name(layer, "result")], head, mode)
 
     def edit(at_layer: int, writes: Tensor) -> Tensor:
         if at_layer != layer:
             return writes
         writes = writes.clone()
-        writes[:, :, head] = 0.0 if mean is None else mean
+        writes[:, :, head] = value
         return writes
 
     return model.run_with_cache(tokens, edit_writes=edit)
@@ -74,7 +105,7 @@ def run_ablated(
 
 @dataclass(frozen=True)
 class AblationEffect:
-    """One earlier head replaced by zero or by its mean (``mode``): the change in each later head's
+    """One earlier head replaced as ``mode`` says (:data:`MEANINGS`): the change in each later head's
     induction score and in the loss on each repeat, against the clean run, on ``sequences``
     sequences of random tokens repeating every ``period`` positions (after a start token when
     ``start`` is 1)."""
@@ -138,17 +169,18 @@ def ablation_effects(
     clean_run: tuple[Tensor, dict] | None = None,
     start: int = 0,
     only: Collection[tuple[str, str]] | None = None,
+    modes: tuple[str, ...] = MODES,
 ) -> list[AblationEffect]:
-    """For every head of every layer but the last, zero- and mean-ablated (or only the ``(head,
-    mode)`` pairs of ``only``): the change in each later head's induction score and in the loss on
-    each repeat, against the clean run (``clean_run``, the unablated ``(logits, cache)`` on
-    ``tokens``, computed when not given), read on the positions from ``start`` on (1: after a start
-    token).
+    """For every head of every layer but the last, ablated in each of ``modes`` (zero and the
+    per-position mean by default; :data:`CHOICES`), or only the ``(head, mode)`` pairs of ``only``:
+    the change in each later head's induction score and in the loss on each repeat, against the
+    clean run (``clean_run``, the unablated ``(logits, cache)`` on ``tokens``, computed when not
+    given), read on the positions from ``start`` on (1: after a start token).
 
     Each ablated run equals :func:`run_ablated`'s full rerun, but starts at the ablated head's layer
     from the clean run's residual stream there (the layers before it see nothing of the ablation),
     with the ablations of one layer stacked along the batch (``FORWARD_TOKENS`` at a time)."""
-    tokens = model.check_tokens(tokens)
+    tokens, modes = model.check_tokens(tokens), [check_mode(mode) for mode in modes]
     logits, cache = clean_run if clean_run is not None else model.run_with_cache(tokens)
     clean = repeat_behaviour(logits, cache, tokens, period, start)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
@@ -158,7 +190,7 @@ def ablation_effects(
         ablations = [
             (head, mode)
             for head in range(n_heads)
-            for mode in MODES
+            for mode in modes
             if only is None or (head_name(layer, head), mode) in only
         ]
         for first in range(0, len(ablations), per_forward):
@@ -199,7 +231,7 @@ def _ablated_from(
     and the first position of the repeats (:func:`repeat_behaviour`)."""
     (period, start), batch, n = repeats, tokens.shape[0], len(group)
     writes = clean[hook_name(layer, "result")]
-    replacements = [0.0 if mode == "zero" else writes[:, :, head].mean((0, 1)) for head, mode in group]
+    replacements = [replacement(writes, head, mode) for head, mode in group]
 
     def edit(at_layer: int, out: Tensor) -> Tensor:
         if at_layer != layer:

@@ -11,10 +11,10 @@ changes a scalar metric ``m`` by
 
 the first-order term of its Taylor series, where ``dm/dr_h`` is the total derivative through every
 later layer. One backward pass gives it for every head and both ablations (``r' = 0``, and ``r'`` the
-head's mean write over the batch and positions). The estimate is exact when ``m`` is affine in the
-head writes (a one-layer attention-only model with a metric linear in the logits); softmax,
-LayerNorm and the cross-entropy make it an approximation otherwise, so the ablations it ranks
-highest are rerun exactly and the agreement is stated (:class:`AblationEstimate`).
+head's mean write over the batch at each position, :mod:`.ablation`'s ``"mean"``). The estimate is
+exact when ``m`` is affine in the head writes (a one-layer attention-only model with a metric
+linear in the logits); softmax, LayerNorm and the cross-entropy make it an approximation otherwise,
+so the ablations it ranks highest are rerun exactly and the agreement is stated (:class:`AblationEstimate`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def attribution_patching(
 ) -> tuple[float, Float[Tensor, "mode n_layers n_heads"]]:
     """``(metric's clean value, estimates)``: for each mode of :data:`.ablation.MODES` (zero, mean)
     and head, the first-order estimate of the change in ``metric(logits)`` (a scalar) when that
-    head's write is replaced by zero or by its mean over the batch and positions of ``tokens``,
+    head's write is replaced by zero or by its mean over the batch of ``tokens`` at each position,
     from one forward and one backward pass (the module docstring). The gradients reach the head
     writes only: no weight gradient is computed."""
     tokens = model.check_tokens(tokens)
@@ -80,7 +80,7 @@ def attribution_patching(
     for write, grad in zip(writes, grads, strict=True):
         write = write.detach()
         zero = -(grad * write).sum((0, 1, 3))
-        mean = (grad * (write.mean((0, 1)) - write)).sum((0, 1, 3))
+        mean = (grad * (write.mean(0) - write)).sum((0, 1, 3))  # the per-position mean
         estimates.append(torch.stack([zero, mean]))
     return float(value.detach()), torch.stack(estimates, dim=1)  # [mode, n_layers, n_heads]
 

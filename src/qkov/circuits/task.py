@@ -5,7 +5,8 @@ see what breaks; here the measure is the task's own, not the next token's).
 The targets are per position, ``-100`` where a position has none (:mod:`qkov.data.user_tokens`): a
 classifier's label at its last position, or an algorithmic task's answer at every position. A
 head is ablated by replacing its write to the residual stream by zero or by its mean over this
-data's batch and positions (:func:`qkov.circuits.ablation.run_ablated`), every head of every layer.
+data's batch at each position (:func:`qkov.circuits.ablation.run_ablated`), every head of every
+layer.
 """
 
 from __future__ import annotations

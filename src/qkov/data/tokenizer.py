@@ -42,8 +42,54 @@ def end_of_text_id(tokenizer: Tokenizer) -> int:
     return token_id
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in for each byte (the alphabet of a byte-level BPE's pieces) -> the
+    byte: printable Latin-1 bytes stand for themselves, the others for ``chr(256 + n)`` in order."""
+    spans = (("!", "~"), ("¡", "¬"), ("®", "ÿ"))
+    printable = [b for first, last in spans for b in range(ord(first), ord(last) + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+BYTE_LEVEL = _byte_level_alphabet()
+
+
+def readable_bytes(data: bytes) -> str:
+    """``data`` decoded as UTF-8, each run of bytes that are not whole characters written as their
+    hexadecimal values in angle brackets: ``b" \\xe2\\x80"`` reads ``" <E2 80>"``."""
+    out: list[str] = []
+    bad = bytearray()
+    while data:
+        try:
+            good, start, end = data.decode("utf-8"), len(data), len(data)
+        except UnicodeDecodeError as error:
+            good, start, end = data[: error.start].decode("utf-8"), error.start, error.end
+        if good and bad:
+            out.append("<" + " ".join(f"{b:02X}" for b in bad) + ">")
+            bad.clear()
+        out.append(good)
+        bad += data[start:end]
+        data = data[end:]
+    if bad:
+        out.append("<" + " ".join(f"{b:02X}" for b in bad) + ">")
+    return "".join(out)
+
+
+def token_string(tokenizer: Tokenizer, token_id: int) -> str:
+    """How one token reads: its decoded text; a byte-level piece that is not whole UTF-8 characters
+    as its bytes (:func:`readable_bytes`), so that no two such pieces read alike."""
+    text = tokenizer.decode([token_id])
+    if "\ufffd" not in text:
+        return text
+    piece = tokenizer.id_to_token(token_id)
+    if piece is None or not piece or any(c not in BYTE_LEVEL for c in piece):
+        return text  # not a byte-level piece: a genuine replacement character, or unknown bytes
+    return readable_bytes(bytes(BYTE_LEVEL[c] for c in piece))
+
+
 def token_strings(tokenizer: Tokenizer | None, d_vocab: int) -> list[str]:
-    """How each token reads: its decoded text, or ``#id`` without a tokenizer."""
+    """How each token reads (:func:`token_string`), or ``#id`` without a tokenizer: the one
+    rendering of tokens the report, the explorer and the notebook views share."""
     if tokenizer is None:
         return [f"#{i}" for i in range(d_vocab)]
-    return [tokenizer.decode([i]) for i in range(d_vocab)]
+    return [token_string(tokenizer, i) for i in range(d_vocab)]

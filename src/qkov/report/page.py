@@ -55,13 +55,18 @@ root.querySelectorAll('.attention-viewer').forEach(function (viewer) {
     buttons.querySelectorAll('button').forEach(function (b) {
       b.classList.toggle('active', b.textContent === current);
     });
+    var top = 0;
     spans.forEach(function (span, src) {
       var w = dest >= 0 && src <= dest ? data.patterns[current][dest][src] : 0;
       span.style.background = 'rgba(31,119,180,' + w + ')';
       span.classList.toggle('selected', src === dest);
+      span.title = src + ' ' + JSON.stringify(data.strings[src]) +
+        (dest >= 0 && src <= dest ? ' · ' + current + ': attention from ' + dest + ': ' + w.toFixed(3) : '');
+      if (w > (dest >= 0 ? data.patterns[current][dest][top] : 0)) top = src;
     });
     status.textContent = dest >= 0
-      ? current + ': attention from token ' + dest + ' (hover another token)'
+      ? current + ': token ' + dest + ' attends most to ' + top + ' ' + JSON.stringify(data.strings[top]) +
+        ' (' + data.patterns[current][dest][top].toFixed(2) + '); hover a token for its weight'
       : current + ': hover a token to see where it attends';
   }
   paint(-1);

@@ -13,6 +13,7 @@ import zlib
 
 FONT = 'font-family="system-ui, sans-serif" font-size="11"'
 SMALL_FONT = 'font-family="system-ui, sans-serif" font-size="8"'
+CELL_FONT = 'font-family="system-ui, sans-serif" font-size="10"'
 
 
 def esc(text: object) -> str:
@@ -199,21 +200,81 @@ def line_chart(
     return _svg(axes.width + 170, axes.height, parts, label)  # the legend right of the plot
 
 
+BAR_STEPS = 40  # rectangles in a colour bar (no gradient ids: many figures share one page)
+
+
+def colour_bar(
+    x: float,
+    y: float,
+    height: float,
+    limit: float,
+    caption: str = "",
+    marks: list[tuple[float, str]] = (),
+    colour=None,
+    low: float | None = None,
+) -> list[str]:
+    """A vertical colour bar at ``(x, y)``, ``limit`` at the top and ``low`` (``-limit`` unless
+    given) at the bottom, coloured by ``colour(value)`` (:func:`diverging` against ``limit`` unless
+    given), ticked at both ends and at zero, with ``marks`` ``(value, text)`` drawn across it (a
+    random baseline), and ``caption`` (what the colour measures) above it."""
+    low = -limit if low is None else low
+    colour = colour or (lambda v: diverging(v, limit))
+    step = height / BAR_STEPS
+    parts = [
+        f'<rect x="{x:.1f}" y="{y + i * step:.1f}" width="12" height="{step + 0.5:.1f}" '
+        f'fill="{colour(limit - (i + 0.5) / BAR_STEPS * (limit - low))}"/>'
+        for i in range(BAR_STEPS)
+    ]
+    parts.append(
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="12" height="{height:.1f}" fill="none" stroke="#888"/>'
+    )
+
+    def at(value: float) -> float:
+        return y + (limit - value) / (limit - low) * height if limit > low else y
+
+    for value in dict.fromkeys((limit, 0.0, low)):
+        if low <= value <= limit:
+            parts.append(_line(x + 12, at(value), x + 15, at(value), "#444"))
+            parts.append(_text(x + 17, at(value) + 4, _fmt(value), extra=' class="bar-tick"'))
+    for value, text in marks:
+        if low <= value <= limit:
+            parts.append(
+                _line(
+                    x - 3, at(value), x + 15, at(value), "#000", ' stroke-width="1.5" stroke-dasharray="3 2"'
+                )
+            )
+            parts.append(_text(x - 5, at(value) + 4, esc(text), "end", ' class="bar-mark"', SMALL_FONT))
+    if caption:
+        parts.append(_text(x, y - 6, esc(caption), extra=' class="bar-caption"', font=SMALL_FONT))
+    return [f'<g class="colour-bar" data-limit="{limit:.6g}">', *parts, "</g>"]
+
+
+def shared_limit(*grids: list[list[float | None]]) -> float:
+    """The largest ``|value|`` of every grid: one colour scale for a figure's heatmaps (1 when none)."""
+    finite = [abs(v) for grid in grids for row in grid for v in row if v is not None and not math.isnan(v)]
+    return max(finite, default=0.0) or 1.0
+
+
 def heatmap(
     values: list[list[float | None]],
     row_labels: list[str],
     col_labels: list[str],
     limit: float | None = None,
-    cell: int = 26,
+    cell: int = 36,
     label: str = "heatmap",
+    scale: str = "",
+    marks: list[tuple[float, str]] = (),
 ) -> str:
-    """A diverging heatmap with the value in each cell's tooltip (and printed when it fits)."""
-    finite = [abs(v) for row in values for v in row if v is not None and not math.isnan(v)]
-    limit = limit or (max(finite) if finite else 1.0)
+    """A diverging heatmap centred at zero, saturating at ``limit`` (pass one limit to every
+    heatmap of a figure, :func:`shared_limit`; by default its own largest ``|value|``), with a
+    colour bar captioned ``scale`` and ``marks`` on it (a random baseline), the value in each
+    cell's tooltip and printed in it."""
+    limit = limit or shared_limit(values)
     left, top = (
         8 + 7 * max((len(r) for r in row_labels), default=1),
-        8 + 7 * max((len(c) for c in col_labels), default=1),
+        12 + 7 * max((len(c) for c in col_labels), default=1),
     )
+    top = max(top, 24)  # room for the colour bar's caption
     parts = []
     for j, name in enumerate(col_labels):
         x = left + j * cell + cell / 2
@@ -222,17 +283,35 @@ def heatmap(
         y = top + i * cell
         parts.append(_text(left - 4, y + cell / 2 + 4, esc(name), "end"))
         for j, value in enumerate(row):
-            tip = f"{row_labels[i]} → {col_labels[j]}: " + ("undefined" if value is None else f"{value:.3f}")
+            tip = f"{row_labels[i]} → {col_labels[j]}: " + ("undefined" if value is None else f"{value:.4g}")
             parts.append(
                 f'<rect x="{left + j * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" '
                 f'fill="{diverging(value, limit)}"><title>{esc(tip)}</title></rect>'
             )
             if value is not None and cell >= 24:
                 x, y_text = left + j * cell + cell / 2, y + cell / 2 + 3
-                parts.append(_text(x, y_text, f"{value:.2f}", "middle", ' pointer-events="none"', SMALL_FONT))
-    width = left + cell * len(col_labels) + 8
-    height = top + cell * len(row_labels) + 8
+                ink = ' fill="white"' if abs(value) > 0.6 * limit else ""  # readable on the saturated ends
+                text = _cell_text(value, limit)
+                parts.append(_text(x, y_text, text, "middle", f' pointer-events="none"{ink}', CELL_FONT))
+    right = left + cell * len(col_labels) + 16
+    bar_height = max(cell * len(row_labels), 100)
+    parts += colour_bar(right + 40, top, bar_height, limit, scale, marks)
+    width = right + 40 + max(60, 5 * len(scale))  # the bar's ticks, or its caption
+    height = top + max(cell * len(row_labels), bar_height) + 8
     return _svg(width, height, parts, label)
+
+
+def _cell_text(value: float, limit: float) -> str:
+    """A cell's printed value to a hundredth of the colour scale's end ``limit`` (finer is noise at
+    that scale; the tooltip has every digit), without trailing zeros or a leading zero: ``-.015``,
+    ``.53``, ``27``, and ``0`` for what rounds to nothing."""
+    decimals = max(0, math.ceil(-math.log10(limit / 100))) if limit > 0 else 2
+    text = f"{value:.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    if text in ("-0", "0", ""):
+        return "0"
+    return text.replace("0.", ".", 1) if text.lstrip("-").startswith("0.") else text
 
 
 def scatter(
@@ -246,10 +325,12 @@ def scatter(
     height: int = 300,
     zero_lines: bool = True,
     radius: float = 4.0,
+    marks: list[tuple[float, str]] = (),
 ) -> str:
-    """Points ``{"x", "y", "label", "colour"?}``; the label is the tooltip."""
+    """Points ``{"x", "y", "label", "colour"?}``; the label is the tooltip; ``marks`` are dashed
+    vertical lines ``(x, text)`` (a random baseline)."""
     axes = _Axes(x_range, y_range, width=width, height=height)
-    parts = axes.frame(x_label, y_label)
+    parts = axes.frame(x_label, y_label) + _marks(axes, marks)
     if zero_lines:
         if axes.x0 < 0 < axes.x1:
             parts.append(_line(axes.x(0), axes.top, axes.x(0), axes.y(axes.y0), "#bbb"))
@@ -343,24 +424,46 @@ def training_heatmap(
         f'preserveAspectRatio="none" style="image-rendering:pixelated" href="data:image/png;base64,{png}"/>'
     )
     parts = axes.frame(x_label, y_label) + [image] + _marks(axes, marks)  # the image hides the grid
-    return _svg(axes.width + 20, axes.height, parts, label), limit  # room for the last tick's label
+    parts += colour_bar(axes.width + 24, axes.top + 12, height - 12, limit, "from the mean")
+    return _svg(axes.width + 90, axes.height, parts, label), limit  # the bar right of the plot
 
 
-def attention_grid(name: str, pattern: list[list[float]], cell: int = 3) -> str:
-    """A head's attention pattern as a small picture (rows: destination, columns: source), weights
-    under 0.02 left blank."""
-    n = len(pattern) * cell
-    cells = "".join(
-        f'<rect x="{src * cell}" y="{dest * cell}" width="{cell}" height="{cell}" fill="{sequential(w)}"/>'
-        for dest, row in enumerate(pattern)
-        for src, w in enumerate(row)
-        if w > 0.02
-    )
-    return (
-        f"<svg class='figure pattern' role='img' aria-label='pattern {esc(name)}' width='{n}' height='{n}' "
-        f"viewBox='0 0 {n} {n}' xmlns='http://www.w3.org/2000/svg'><rect width='{n}' height='{n}' "
-        f"fill='white' stroke='#ccc'/>{cells}</svg>"
-    )
+def attention_grid(name: str, pattern: list[list[float]], strings: list[str] | None = None) -> str:
+    """A head's attention pattern (rows: destination, columns: source), each token's label on both
+    axes (when ``strings`` are given) and each weight in its cell's tooltip; weights under 0.02
+    left blank. Cells of 8 to 20 pixels: a pattern stays readable at any length up to ``n_ctx``."""
+    n = len(pattern)
+    cell = max(8, min(20, 400 // max(n, 1)))
+    names = [f"{i} {strings[i]}" if strings else str(i) for i in range(n)]
+    font = f'font-family="system-ui, sans-serif" font-size="{min(cell - 1, 11)}"'
+    room = 6 + min(cell - 1, 11) * 0.6 * max((len(t) for t in names), default=1)
+    left, top = room, room
+    parts = [
+        f'<rect x="{left}" y="{top}" width="{n * cell}" height="{n * cell}" fill="white" stroke="#ccc"/>'
+    ]
+    for i, text in enumerate(names):
+        centre = i * cell + cell / 2
+        parts.append(_text(left - 3, top + centre + cell / 3, esc(text), "end", font=font))
+        x = left + centre + cell / 3
+        parts.append(
+            _text(x, top - 3, esc(text), extra=f' transform="rotate(-90 {x:.1f} {top - 3})"', font=font)
+        )
+    for dest, row in enumerate(pattern):
+        for src, w in enumerate(row):
+            if w > 0.02:
+                tip = f"{name}: {names[dest]} attends to {names[src]}: {w:.3f}"
+                parts.append(
+                    f'<rect x="{left + src * cell}" y="{top + dest * cell}" width="{cell}" height="{cell}" '
+                    f'fill="{sequential(w)}"><title>{esc(tip)}</title></rect>'
+                )
+    size = left + n * cell + 4
+    return _svg(size, size, parts, f"pattern {name}").replace('class="figure"', 'class="figure pattern"', 1)
+
+
+def attention_scale() -> str:
+    """The colour bar of :func:`attention_grid`: attention weights from 0 (white) to 1."""
+    bar = colour_bar(4, 16, 120, 1.0, "attention weight", colour=sequential, low=0.0)
+    return _svg(70, 146, bar, "attention colour scale")
 
 
 EDGE_COLOURS = {"Q": "#1f77b4", "K": "#d62728", "V": "#2ca02c"}

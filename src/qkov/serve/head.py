@@ -128,4 +128,6 @@ def head_scores(ex: Explorer, progress: Progress) -> dict:
         "loss_per_repeat": repeated.loss_per_repeat,
         "previous_token_heads": repeated.previous_token_heads,
         "induction_heads": repeated.induction_heads,
+        "previous_token_threshold": repeated.previous_token_threshold,
+        "induction_threshold": repeated.induction_threshold,
     }

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from qkov.circuits.heads import AttentionExample, attention_example
+from qkov.data.tokenizer import token_string
 from qkov.errors import QkovError
 from qkov.model import Transformer
 from qkov.names import head_name
@@ -66,7 +67,7 @@ def _token_ids(model: Transformer, tokens: str | Sequence[int] | Tensor) -> Tens
 
 def _strings(tokenizer: Tokenizer | None, ids: list[int]) -> dict[int, str]:
     """How each token id in ``ids`` reads (the report's figure looks strings up by id)."""
-    return {i: tokenizer.decode([i]) if tokenizer else f"#{i}" for i in ids}
+    return {i: token_string(tokenizer, i) if tokenizer else f"#{i}" for i in ids}
 
 
 def attention(tokens, patterns=None, description: str = "the given tokens", batch_index: int = 0) -> View:

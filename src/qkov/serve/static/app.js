@@ -120,8 +120,9 @@ function drawTokens() {
   if (!run) return;
   run.tokens.forEach(function (t, i) {
     var span = el('span', { cls: 'tok', text: shown(t.str) });
-    span.title = '#' + t.id + ' at ' + i + ' · predicts ' + shown(run.prediction[i].str) + ' · target ' +
+    span.dataset.about = '#' + t.id + ' at ' + i + ' · predicts ' + shown(run.prediction[i].str) + ' · target ' +
       (run.target[i] ? shown(run.target[i].str) + ' · loss ' + fmt(run.loss[i], 2) + ' ' + verdict(i) : 'none');
+    span.title = span.dataset.about;
     span.classList.toggle('no-target', run.target[i] === null);
     span.addEventListener('mouseenter', function () { paint(i); });
     span.addEventListener('click', function () { selectPosition(i); });
@@ -144,6 +145,13 @@ function paint(hover) {
     }
     span.style.background = bg;
     span.style.borderBottomColor = under;
+    // the weights behind the colours, on hover: what the hovered token gives this one, and takes from it
+    var weights = [];
+    if (state.mode !== 'loss' && pattern && hover !== null) {
+      if (i <= hover) weights.push('attention of ' + hover + ' to it: ' + fmt(pattern[hover][i], 3));
+      if (i >= hover) weights.push('its attention to ' + hover + ': ' + fmt(pattern[i][hover], 3));
+    }
+    span.title = span.dataset.about + (weights.length ? ' · ' + state.head + ' ' + weights.join(', ') : '');
     span.classList.toggle('hovered', i === hover);
     span.classList.toggle('selected', i === state.pos);
   }
@@ -242,19 +250,29 @@ function drawHeadTable() {
 }
 
 function suggest() {
-  var best = function (key, layers) {
-    return scores.heads.filter(function (h) { return layers(h.layer); }).reduce(function (a, b) { return (b[key] || 0) > (a[key] || 0) ? b : a; });
+  // Names a head previous-token or induction only when analyze does (its list, its threshold).
+  var strongest = function (key, heads) {
+    return heads.reduce(function (a, b) { return (b[key] || 0) > (a[key] || 0) ? b : a; });
+  };
+  var pick = function (key, names, threshold, layers) {
+    var candidates = scores.heads.filter(function (h) { return layers(h.layer); });
+    var named = candidates.filter(function (h) { return names.indexOf(h.name) >= 0; });
+    return { head: named.length ? strongest(key, named) : null, best: strongest(key, candidates), key: key, threshold: threshold };
+  };
+  var say = function (label, found) {
+    if (found.head) return label + ': ' + found.head.name + ' (' + fmt(found.head[found.key], 2) + '). ';
+    return label + ': none above ' + fmt(found.threshold, 2) + ' (best: ' + found.best.name + ', ' + fmt(found.best[found.key], 2) + '). ';
   };
   var last = model.config.n_layers - 1;
   if (last < 1) { $('guide').textContent = ''; return; }
-  var prev = best('previous_token_score', function (l) { return l < last; });
-  var ind = best('induction_score', function (l) { return l > 0; });
+  var prev = pick('previous_token_score', scores.previous_token_heads, scores.previous_token_threshold, function (l) { return l < last; });
+  var ind = pick('induction_score', scores.induction_heads, scores.induction_threshold, function (l) { return l > 0; });
   var guide = clear($('guide'));
-  guide.appendChild(document.createTextNode('Previous-token head: ' + prev.name + ' (' + fmt(prev.previous_token_score, 2) + '). Induction head: ' +
-    ind.name + ' (' + fmt(ind.induction_score, 2) + '). '));
-  if (prev.layer < ind.layer) {
-    guide.appendChild(el('button', { text: 'why does ' + ind.name + ' work?', onclick: function () {
-      state.writer = prev.name; state.reader = ind.name; state.kind = 'K'; saveState(); setPairSelects(); showPair();
+  guide.appendChild(document.createTextNode(say('Previous-token head', prev) + say('Induction head', ind)));
+  if (prev.head && ind.head && prev.head.layer < ind.head.layer) {
+    var writer = prev.head.name, reader = ind.head.name;
+    guide.appendChild(el('button', { text: 'why does ' + reader + ' work?', onclick: function () {
+      state.writer = writer; state.reader = reader; state.kind = 'K'; saveState(); setPairSelects(); showPair();
     } }));
   }
 }
@@ -277,7 +295,10 @@ function drawEigenvalues() {
   h.eigenvalues.forEach(function (e) {
     var c = document.createElementNS(ns, 'circle');
     c.setAttribute('cx', scale(e[0])); c.setAttribute('cy', scale(-e[1])); c.setAttribute('r', 3);
-    c.setAttribute('fill', e[0] >= 0 ? '#1f77b4' : '#d62728'); svg.appendChild(c);
+    c.setAttribute('fill', e[0] >= 0 ? '#2ca02c' : '#9467bd');  // as the report: green copies, purple does not
+    var tip = document.createElementNS(ns, 'title');
+    tip.textContent = fmt(e[0], 3) + (e[1] < 0 ? ' - ' : ' + ') + fmt(Math.abs(e[1]), 3) + 'i';
+    c.appendChild(tip); svg.appendChild(c);
   });
   var label = document.createElementNS(ns, 'text');
   label.setAttribute('x', 4); label.setAttribute('y', 12);
