@@ -123,7 +123,6 @@ NOT_UNDER_WHY = {
 # what the score-attribution steps (a head's scores split by what writes its queries and keys) and
 # path expansion cannot handle yet
 SCORE_ATTRIBUTION = (
-    "query and key norms",
     "attention soft-capping",
     "norms after each sublayer",
 )

@@ -129,14 +129,16 @@ def score_parts(
         frozen = freeze(model, tokens) if frozen is None else frozen
         attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
         scale = frozen.scales.get(norm_name(layer, "ln1"))
-        W_Q, W_K = attn.W_Q[index] / attn.scale, attn.W_K[index]
+        W_Q, W_K = attn.W_Q[index], attn.W_K[index]
         streams = stream_parts(model, tokens, layer, frozen) if streams is None else streams
         names, x = read_parts(ln, scale, streams)
         queries, keys = x @ W_Q, x @ W_K  # [part, batch, pos, d_head]
         if BIAS in streams and attn.b_Q is not None:
             at = names.index(BIAS)
-            queries[at] += attn.b_Q[index] / attn.scale
+            queries[at] += attn.b_Q[index]
             keys[at] += attn.b_K[index]
+        if attn.q_norm is not None:  # each part divided by the whole query's (key's) frozen scale
+            queries, keys = _frozen_qk_norm(attn, index, x.sum(0), queries, keys)
         if attn.rotary is not None:  # a rotation is linear: each part's query and key turn by position
             queries, keys = attn.rotary(queries), attn.rotary(keys)
         if model.W_pos is not None and model.cfg.positional_embedding == "shortformer":
@@ -144,7 +146,30 @@ def score_parts(
             names.append(POS_EMBED)
             queries = torch.cat([queries, (positions @ W_Q)[None]])
             keys = torch.cat([keys, (positions @ W_K)[None]])
-    return ScoreParts(head, names, queries, keys)
+    return ScoreParts(head, names, queries / attn.scale, keys)
+
+
+def _frozen_qk_norm(attn, index: int, read: Tensor, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+    """Query and key norms with their scales frozen at the head's whole query and key (``read``: all
+    the layer reads, ``[batch, pos, d_model]``): ``q_i / s_q * g``, linear in each part ``q_i``. Per
+    head, the scale is the head's own; over all heads (OLMo 2), that of every head's query (key) at
+    once, and the gain the head's slice of it."""
+    e, group = attn.d_head, attn.group_size
+    every = []
+    for weight, bias in ((attn.W_Q, attn.b_Q), (attn.kv_params("W_K"), attn.kv_params("b_K"))):
+        raw = torch.einsum("bpd,nde->bpne", read, weight)
+        every.append(raw if bias is None else raw + bias)
+    scaled = []
+    for part, raw, norm, head in (
+        (queries, every[0], attn.q_norm, index),
+        (keys, every[1], attn.k_norm, index // group),
+    ):
+        if attn.cfg.qk_norm == "head":
+            scale, gain = norm.scale(raw[:, :, head]), norm.w
+        else:
+            scale, gain = norm.scale(raw.flatten(2)), norm.w[head * e : (head + 1) * e]
+        scaled.append(part / scale * gain)
+    return scaled[0], scaled[1]
 
 
 def score_attribution(
