@@ -109,17 +109,21 @@ def test_with_query_and_key_norms_the_circuit_is_exact_up_to_each_ones_scale(nam
     assert torch.allclose(ratio, s_q * s_k, rtol=1e-9)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "mistral", "gemma", "phi3", "qwen3", "olmo2"])
+@pytest.mark.parametrize(
+    "name",
+    ["llama", "gpt_neox", "gptj", "mistral", "gemma", "phi3", "qwen3", "olmo2", "gemma2", "gemma3_text"],
+)
 @pytest.mark.parametrize("fold_it", [False, True])
 def test_score_attribution_under_rotary_positions_sums_to_the_scores(name, fold_it, tmp_path):
-    """Each part's query and key, rotated by position (a rotation is linear), make up the scores;
-    with query and key norms, each part divided by its whole query's (key's) frozen scale."""
+    """Each part's query and key, rotated by position (a rotation is linear), make up the scores
+    (before a soft-cap); with query and key norms, each part divided by its whole query's (key's)
+    frozen scale; earlier heads' writes through their post-attention norms at its frozen scale."""
     model = random_hf_model(CONFIGS[name])
     model.save_pretrained(tmp_path)
     ours = from_hf(tmp_path, fold=fold_it).double()
     tokens = torch.randint(0, ours.cfg.d_vocab, (2, 9), generator=torch.Generator().manual_seed(2))
     _, cache = ours.run_with_cache(tokens)
-    layer = 0 if ours.cfg.post_norms else ours.cfg.n_layers - 1  # (earlier post-normed writes: not yet)
+    layer = ours.cfg.n_layers - 1  # earlier heads' writes through their post-attention norms, frozen
     block = ours.blocks[layer]
     resid = cache[f"blocks.{layer}.hook_resid_pre"]
     x = resid if block.ln1 is None else block.ln1(resid)

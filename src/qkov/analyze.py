@@ -122,11 +122,9 @@ NOT_UNDER_WHY = {
 }
 # what the score-attribution steps (a head's scores split by what writes its queries and keys) and
 # path expansion cannot handle yet
-SCORE_ATTRIBUTION = (
-    "attention soft-capping",
-    "norms after each sublayer",
-)
-PATHS = ("norms after each sublayer", "logit soft-capping")
+SCORE_ATTRIBUTION = ("attention soft-capping",)
+PATHS = ("logit soft-capping",)
+NEURONS = ("norms after each sublayer", *PATHS)
 
 
 # -- the steps: behavioural ones run ``ctx.model``, weight-based ones read ``ctx.circuit`` ---------
@@ -247,7 +245,7 @@ STEPS: tuple[Step, ...] = (
     Step("gqa_groups", "Grouped-query attention: heads of a group side by side",
          lambda ctx: group_similarity(ctx.model), 1, needs_feature="grouped-query attention"),
     Step("term_importance", "Term importance", term_importance_step, 1, weight=2, needs_targets=True,
-         not_under=PATHS),
+         not_under=NEURONS),
     Step("skip_trigrams", "Skip-trigrams", skip_trigram_step, 1, max_layers=1, weight=2, needs_square=True),
     Step("composition", "Composition scores", lambda ctx: composition(ctx.circuit), 2),
     Step(
@@ -269,7 +267,7 @@ STEPS: tuple[Step, ...] = (
     ),
     Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
     Step("neurons", "MLP neurons (keys and values)", neuron_step, 1, weight=2, needs_mlp=True,
-         not_under=PATHS),
+         not_under=NEURONS),
     Step(
         "ablation_estimate", "Ablations, estimated to first order",
         lambda ctx: ablation_estimate(ctx.attribution, ctx.done["ablation"]), 2, reads=("ablation",),

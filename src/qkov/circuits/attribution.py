@@ -45,7 +45,16 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from qkov.circuits.paths import BIAS, Frozen, _has_constants, _head_writes, _through_head, freeze, mlp_name
+from qkov.circuits.paths import (
+    BIAS,
+    Frozen,
+    _has_constants,
+    _head_writes,
+    _through_head,
+    bias_write,
+    freeze,
+    mlp_name,
+)
 from qkov.errors import QkovError
 from qkov.model import AttnOnlyTransformer, LayerNorm
 from qkov.names import head_name, norm_name, parse_head
@@ -76,7 +85,7 @@ def stream_parts(
             for head in range(model.cfg.n_heads):
                 parts[head_name(earlier, head) + origin] = writes[:, :, head]
             origins[origin] = stream + writes.sum(dim=2)
-        b_O = model.blocks[earlier].attn.b_O
+        b_O = bias_write(model, frozen, earlier, embed)
         if b_O is not None:
             origins[CONSTANT] = origins[CONSTANT] + b_O
             parts[BIAS] = parts[BIAS] + b_O

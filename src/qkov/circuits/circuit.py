@@ -39,7 +39,7 @@ from qkov.circuits.attribution import ScoreParts, centred_scores, read_parts, sc
 from qkov.circuits.copying import Copying
 from qkov.circuits.correction import Correction
 from qkov.circuits.mechanisms import induction_mechanism_flop
-from qkov.circuits.paths import BIAS, Frozen, freeze
+from qkov.circuits.paths import BIAS, Frozen, freeze, post_linear
 from qkov.circuits.repeated import RepeatedTokens
 from qkov.config import Config
 from qkov.model import AttnOnlyTransformer
@@ -111,7 +111,9 @@ def value_shares(
     v = x @ attn.W_V[index]  # [part, batch, pos, d_head]
     if BIAS in streams and attn.b_V is not None:
         v[names.index(BIAS)] += attn.b_V[index]
-    writes = (pattern @ v @ attn.W_O[index]).double()  # [part, batch, pos, d_model]
+    writes = post_linear(
+        model, frozen, layer, pattern @ v @ attn.W_O[index], False
+    ).double()  # [part, batch, pos, d_model]
     total = writes.sum(0)
     norm = float(total.square().sum())
     overlaps = (writes * total).sum((1, 2, 3)).tolist()

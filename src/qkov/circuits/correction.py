@@ -63,7 +63,7 @@ from qkov.circuits.attribution import (
 from qkov.circuits.budget import forward_flop
 from qkov.circuits.heads import pattern_offset_attention
 from qkov.circuits.mechanisms import induction_mechanism_flop
-from qkov.circuits.paths import Frozen, _linear_read, freeze
+from qkov.circuits.paths import Frozen, _linear_read, freeze, post_linear
 from qkov.config import Config
 from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
@@ -204,7 +204,9 @@ def minimal_write(
     pattern = scores.masked_fill(~causal, float("-inf")).softmax(-1)
     block = model.blocks[layer]
     x = _linear_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), model.W_E[tokens])
-    return pattern @ (x @ block.attn.W_V[index]) @ block.attn.W_O[index]
+    return post_linear(
+        model, frozen, layer, pattern @ (x @ block.attn.W_V[index]) @ block.attn.W_O[index], False
+    )
 
 
 def repeated_part_loss(logits: Tensor, tokens: Tensor, period: int, start: int) -> float:

@@ -102,7 +102,7 @@ def freeze(
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, patterns=patterns)
     n = model.cfg.n_layers
-    norms = [norm_name(layer, ln) for layer in range(n) for ln in ("ln1", "ln2")] + [
+    norms = [norm_name(layer, ln) for layer in range(n) for ln in ("ln1", "ln2", "ln1_post", "ln2_post")] + [
         norm_name(None, "ln_final")
     ]
     return Frozen(
@@ -132,9 +132,34 @@ def _through_head(
     x = _linear_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), stream)
     v = einsum(x, block.attn.W_V, "batch pos d_model, n_heads d_model d_head -> batch n_heads pos d_head")
     z = frozen.patterns[layer] @ v
-    return einsum(
+    writes = einsum(
         z, block.attn.W_O, "batch n_heads pos d_head, n_heads d_head d_model -> batch pos n_heads d_model"
     )
+    return post_linear(model, frozen, layer, writes, per_head=True)
+
+
+def post_linear(
+    model: AttnOnlyTransformer, frozen: Frozen, layer: int, writes: Tensor, per_head: bool
+) -> Tensor:
+    """What a norm after the layer's attention (Gemma 2 and 3, OLMo 2) makes of a share of its write,
+    with its scale frozen: its linear part (``writes`` itself without one). ``per_head``: ``writes``
+    is ``[batch, pos, n_heads, d_model]``."""
+    post = model.blocks[layer].ln1_post
+    if post is None:
+        return writes
+    scale = frozen.scales[norm_name(layer, "ln1_post")]
+    return post.linear(writes, scale[..., None, :] if per_head else scale)
+
+
+def bias_write(model: AttnOnlyTransformer, frozen: Frozen, layer: int, like: Tensor) -> Tensor | None:
+    """The layer's constant write: ``b_O``, or after a post-attention norm (frozen) what it makes of
+    ``b_O`` with its own bias; None when there is none."""
+    block = model.blocks[layer]
+    if block.ln1_post is None:
+        return block.attn.b_O
+    b_O = torch.zeros_like(like) if block.attn.b_O is None else block.attn.b_O.expand_as(like)
+    constant = block.ln1_post(b_O, frozen.scales[norm_name(layer, "ln1_post")])
+    return constant if block.attn.b_O is not None or block.ln1_post.b is not None else None
 
 
 def _unembed_linear(model: AttnOnlyTransformer, frozen: Frozen, stream: Tensor) -> Tensor:
@@ -156,10 +181,11 @@ def _bias_part(model: AttnOnlyTransformer, frozen: Frozen, shape: torch.Size) ->
     (those are terms of their own): everything that starts at a bias (``b_V``, ``b_O``, ``b_U``,
     LayerNorm's ``b``). The frozen model is affine; this is its constant part."""
     resid = torch.zeros(shape, dtype=model.W_E.dtype, device=model.device)
-    for layer, block in enumerate(model.blocks):
+    for layer in range(model.cfg.n_layers):
         resid = resid + _layer_write(model, frozen, layer, resid)
-        if block.attn.b_O is not None:
-            resid = resid + block.attn.b_O
+        constant = bias_write(model, frozen, layer, resid)
+        if constant is not None:
+            resid = resid + constant
     return _unembed_affine(model, frozen, resid)
 
 
@@ -283,14 +309,14 @@ def _head_writes(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream:
     (biases included but ``b_O``), ``[batch, pos, n_heads, d_model]``."""
     block = model.blocks[layer]
     x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), stream)
-    return block.attn.head_writes(x, None, frozen.patterns[layer])[0]
+    return post_linear(model, frozen, layer, block.attn.head_writes(x, None, frozen.patterns[layer])[0], True)
 
 
 def _layer_write(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream: Tensor) -> Tensor:
     """:func:`_head_writes` summed over the heads, ``[batch, pos, d_model]``, in one product."""
     block = model.blocks[layer]
     x = _affine_read(block.ln1, frozen.scales.get(norm_name(layer, "ln1")), stream)
-    return block.attn.layer_write(x, frozen.patterns[layer])
+    return post_linear(model, frozen, layer, block.attn.layer_write(x, frozen.patterns[layer]), False)
 
 
 # The first-order losses go through the logits a [ROWS, COLUMNS] block at a time, which stays in
@@ -362,9 +388,14 @@ def _first_order(
         1, 2
     )  # [batch, pos, n_heads, d_head]
     final = frozen.scales.get(norm_name(None, "ln_final"))
-    z = _rows(z if final is None else z / final[..., None], scored[0])  # [rows, n_heads, d_head]
+    z = z if final is None else z / final[..., None]
     unit = torch.ones((), dtype=z.dtype, device=z.device)
-    out = block.attn.W_O if model.ln_final is None else model.ln_final.linear(block.attn.W_O, unit)
+    out = block.attn.W_O
+    if block.ln1_post is not None:  # a post-attention norm's frozen scale divides z; its weight joins W_O
+        z = z / frozen.scales[norm_name(layer, "ln1_post")][..., None]
+        out = block.ln1_post.linear(out, unit)
+    z = _rows(z, scored[0])  # [rows, n_heads, d_head]
+    out = out if model.ln_final is None else model.ln_final.linear(out, unit)
     n_heads, d_head, d_model = out.shape
     through = torch.matmul(out.reshape(-1, d_model), model.W_U, out=buffer).unflatten(
         0, (n_heads, d_head)
@@ -433,8 +464,9 @@ def _rerun(
             write = known[layer] if layer < len(known) else _layer_write(model, frozen, layer, inputs[layer])
             writes.append(write)
             resid = resid + write
-            if block.attn.b_O is not None:
-                resid = resid + block.attn.b_O
+            constant = bias_write(model, frozen, layer, resid)
+            if constant is not None:
+                resid = resid + constant
         if block.mlp is not None:
             resid = resid + frozen.mlp_writes[layer]
     return resid, seen, writes
