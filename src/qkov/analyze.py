@@ -245,7 +245,7 @@ STEPS: tuple[Step, ...] = (
     Step("gqa_groups", "Grouped-query attention: heads of a group side by side",
          lambda ctx: group_similarity(ctx.model), 1, needs_feature="grouped-query attention"),
     Step("term_importance", "Term importance", term_importance_step, 1, weight=2, needs_targets=True,
-         not_under=NEURONS),
+         not_under=PATHS),
     Step("skip_trigrams", "Skip-trigrams", skip_trigram_step, 1, max_layers=1, weight=2, needs_square=True),
     Step("composition", "Composition scores", lambda ctx: composition(ctx.circuit), 2),
     Step(
