@@ -18,6 +18,7 @@ from typing import Any
 
 from qkov.errors import QkovError
 
+NAME_MAX = 255  # the longest file name of Linux, macOS and Windows file systems, in bytes
 STALE_SECONDS = 3600  # a temporary file without a process id (older qkov) is stale after this
 
 
@@ -103,23 +104,17 @@ def check_writable_folder(folder: str | os.PathLike, option: str = "--out") -> P
     path = Path(folder)
     if "\0" in str(path):
         raise QkovError(f"{option} {str(path)!r}: a path cannot hold a NUL character")
-    if path.exists() and not path.is_dir():
-        raise QkovError(f"{option} {path}: exists and is not a folder")
-    parent = path
-    while not parent.exists():
-        if parent.parent == parent:
-            break
-        parent = parent.parent
-    try:
-        name_max = os.pathconf(parent, "PC_NAME_MAX") if parent.exists() else 255
-    except (OSError, ValueError):
-        name_max = 255
-    too_long = [part for part in path.parts if len(os.fsencode(part)) > name_max]
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > NAME_MAX]
     if too_long:
-        raise QkovError(f"{option} {path}: a name in it is longer than {name_max} bytes")
-    if not parent.is_dir():
-        raise QkovError(f"{option} {path}: {parent} is not a folder")
+        raise QkovError(f"{option} {path}: a name in it is longer than {NAME_MAX} bytes")
     try:
+        if path.exists() and not path.is_dir():
+            raise QkovError(f"{option} {path}: exists and is not a folder")
+        parent = path
+        while not parent.exists() and parent.parent != parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise QkovError(f"{option} {path}: {parent} is not a folder")
         os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".qkov-probe-"))
     except OSError as err:
         reason = err.strerror or type(err).__name__

@@ -43,8 +43,10 @@ def refusal(file: Path, err: pickle.UnpicklingError) -> QkovError:
     lines = [line.strip() for line in str(err).splitlines()]
     reason = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0])
     reason = reason.removeprefix("WeightsUnpickler error:").strip()
-    if "Unsupported global" in reason:
-        called = reason.split("GLOBAL ", 1)[-1].split(" ", 1)[0]
+    # torch words it "Unsupported global: GLOBAL x.f ..." or "... unsupported GLOBAL x.f whose module ..."
+    named = next((line for line in lines if "GLOBAL " in line), None)
+    if named is not None:
+        called = named.split("GLOBAL ", 1)[-1].split(" ", 1)[0]
         return QkovError(
             f"{file}: refused: the pickle would call {called}, which is not a tensor or a plain "
             "container (torch.load(weights_only=True) allows only those); nothing was run"

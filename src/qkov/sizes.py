@@ -23,12 +23,15 @@ BUDGET_VARIABLE = "QKOV_MAX_BYTES"
 
 
 def parameter_count(cfg: Config) -> int:
-    """The number of weights of a model of ``cfg`` (biases and norms included, as when present)."""
+    """The number of weights of a model of ``cfg`` with its biases (``expected_shapes``' tensors)."""
     d, h, e, v = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_vocab
     per_layer = 4 * h * d * e + 3 * h * e + d  # W_Q, W_K, W_V, W_O and their biases
-    per_layer += 2 * d * cfg.d_mlp + cfg.d_mlp + d  # W_in, W_out, b_in, b_out
-    per_layer += 4 * d  # two LayerNorms' w and b
-    outside = v * d + d * cfg.d_out + cfg.d_out + 2 * d  # W_E, W_U, b_U, ln_final
+    if cfg.has_mlp:
+        per_layer += 2 * d * cfg.d_mlp + cfg.d_mlp + d  # W_in, W_out, b_in, b_out
+    outside = v * d + d * cfg.d_out + cfg.d_out  # W_E, W_U, b_U
+    if cfg.normalization == "LN":  # each LayerNorm's w and b
+        per_layer += 2 * d * (2 if cfg.has_mlp else 1)
+        outside += 2 * d
     if cfg.has_positions:
         outside += cfg.n_ctx * d
     return cfg.n_layers * per_layer + outside
