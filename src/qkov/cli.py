@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from rich.console import Console
@@ -19,6 +20,23 @@ from qkov.recipes import PRESETS
 from qkov.results import Results
 
 console = Console(stderr=True)
+
+
+def one_line(message: str) -> str:
+    """``message`` with every character that is not printable (a newline or carriage return in a
+    file's field name, say) escaped, so the error stays one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line and exit status 2, as every other bad input
+    (argparse prints its usage first; ``--help`` still shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("qkov").strip()
+        where = f"{command}: " if command else ""
+        print(f"qkov: error: {one_line(where + message)} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def add_corpus_argument(p: argparse.ArgumentParser, help: str) -> None:
@@ -36,7 +54,7 @@ def add_threads_argument(p: argparse.ArgumentParser, help: str = "CPU threads (d
 def common_options(device_help: str) -> argparse.ArgumentParser:
     """The options every long-running command shares: ``--seed``, ``--threads``, ``--quiet`` and
     ``--device`` (its help says what the command computes there)."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     add_threads_argument(p, "CPU threads (default: all cores; for train, per process)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
@@ -501,7 +519,7 @@ def serve_command(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     from qkov import __version__
 
-    parser = argparse.ArgumentParser(prog="qkov", description="Transformer circuits, read off the weights.")
+    parser = Parser(prog="qkov", description="Transformer circuits, read off the weights.")
     parser.add_argument("--version", action="version", version=f"qkov {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
@@ -527,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
             "series": series_command,
         }[args.command](args)
     except QkovError as err:
-        print(f"qkov: error: {err}", file=sys.stderr)
+        print(f"qkov: error: {one_line(str(err))}", file=sys.stderr)
         sys.exit(2)
 
 
