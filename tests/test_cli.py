@@ -201,7 +201,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(
 
 
 @pytest.mark.parametrize("command", ["analyze", "train", "series", "reproduce", "serve"])
-def test_threads_below_one_are_one_line(capsys, tmp_path, command):
+def test_threads_outside_what_the_machine_takes_are_one_line(capsys, tmp_path, command):
     argv = {
         "analyze": ["analyze", str(tiny_checkpoint(tmp_path / "c")), "--out", str(tmp_path / "o")],
         "train": ["train", "--layers", "1", "--out", str(tmp_path / "o")],
@@ -209,8 +209,11 @@ def test_threads_below_one_are_one_line(capsys, tmp_path, command):
         "reproduce": ["reproduce", "--out", str(tmp_path / "o")],
         "serve": ["serve", str(tiny_checkpoint(tmp_path / "c")), "--port", "1"],
     }[command]
-    code, _, err = run(capsys, *argv, "--threads", "-1")
-    assert_one_line_error(code, err, "--threads must be at least 1, got -1")
+    for threads in ("-1", "0", "10000000", str(2**70)):  # ten million was a segmentation fault
+        code, _, err = run(capsys, *argv, "--threads", threads)
+        assert_one_line_error(
+            code, err, f"--threads must lie in [1, {8 * os.cpu_count()}] on this machine, got"
+        )
     assert not (tmp_path / "o").exists()
 
 

@@ -157,3 +157,11 @@ def test_a_blocked_module_is_refused_with_what_it_would_call(tmp_path):
     with pytest.raises(QkovError, match=r"refused: the pickle would call (posix|nt)\.system") as info:
         read_pickle(tmp_path / "system.pt")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("content", [b"Q", b"\x80\x02Q", b"(", b"\x80\x04\x95"])
+def test_a_few_bytes_of_damaged_pickle_are_one_line(tmp_path, content):
+    """b"Q" made torch's restricted unpickler raise a bare IndexError (found by tests/test_fuzz.py)."""
+    (tmp_path / "t.pt").write_bytes(content)
+    with pytest.raises(QkovError, match="not a readable PyTorch pickle"):
+        read_pickle(tmp_path / "t.pt")

@@ -177,3 +177,12 @@ def test_uint64_safetensors_ids_above_int64_are_named_by_their_value(tmp_path):
     save_file({"tokens": torch.tensor([[3, 2**64 - 1]], dtype=torch.uint64)}, str(tmp_path / "t.safetensors"))
     with pytest.raises(qkov.QkovError, match="18446744073709551615"):
         read_ids(tmp_path / "t.safetensors")
+
+
+def test_a_pickled_flat_list_is_one_row_and_a_list_of_odd_things_is_one_line(tmp_path):
+    """torch.save([5, 7]) was a TypeError (len of an int), found by tests/test_fuzz.py."""
+    torch.save([5, 7], tmp_path / "flat.pt")
+    assert read_ids(tmp_path / "flat.pt").tolist() == [[5, 7]]
+    torch.save([5, "x"], tmp_path / "odd.pt")
+    with pytest.raises(qkov.QkovError, match="rows of token ids expected, found a int"):
+        read_ids(tmp_path / "odd.pt")

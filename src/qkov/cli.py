@@ -65,10 +65,16 @@ def common_options(device_help: str) -> argparse.ArgumentParser:
 DEVICES = "cpu (default), cuda, cuda:1, ..."
 
 
+def most_threads() -> int:
+    """The most CPU threads a command takes: 8 per core (more only slows a CPU down)."""
+    return 8 * (os.cpu_count() or 1)
+
+
 def set_threads(threads: int | None, default: int | None = None) -> None:
-    """``--threads``: at least 1 when given (else ``default``, else every core)."""
-    if threads is not None and threads < 1:
-        raise QkovError(f"--threads must be at least 1, got {threads}")
+    """``--threads``: at least 1 and at most :func:`most_threads` when given (else ``default``, else
+    every core); ten million threads crashed the process (a segmentation fault in OpenMP)."""
+    if threads is not None and not 1 <= threads <= most_threads():
+        raise QkovError(f"--threads must lie in [1, {most_threads()}] on this machine, got {threads}")
     torch.set_num_threads(threads or default or os.cpu_count() or 1)
 
 

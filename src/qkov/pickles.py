@@ -62,7 +62,7 @@ def read_pickle(file: Path) -> Any:
         return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise refusal(file, err) from None
-    except (RuntimeError, EOFError, ValueError, OSError) as err:
+    except Exception as err:  # the restricted unpickler fails on a damaged file in many ways (IndexError...)
         reason = str(err).splitlines()[0].split(". ")[0] if str(err) else type(err).__name__
         raise QkovError(f"{file}: not a readable PyTorch pickle ({reason})") from None
 

@@ -61,6 +61,11 @@ def _rows(rows: list, file: Path) -> Tensor:
     """A list of rows (lists of ids, or 1-D tensors) as one ``[batch, pos]`` tensor."""
     if not rows:
         raise QkovError(f"{file}: no tokens (no rows)")
+    if all(isinstance(i, int) and not isinstance(i, bool) for i in rows):  # one row of ids
+        rows = [rows]
+    if not all(isinstance(row, list | tuple | Tensor) for row in rows):
+        kind = next(type(row).__name__ for row in rows if not isinstance(row, list | tuple | Tensor))
+        raise QkovError(f"{file}: rows of token ids expected, found a {kind}")
     lengths = {len(row) for row in rows}
     if len(lengths) > 1:
         raise QkovError(
