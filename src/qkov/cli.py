@@ -537,6 +537,9 @@ def main(argv: list[str] | None = None) -> None:
     info = sub.add_parser("info", help="validate a checkpoint folder and describe it")
     info.add_argument("checkpoint")
     sub.add_parser("schema", help="print the JSON Schema of results.json")
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a traceback
+        if callable(getattr(stream, "reconfigure", None)):
+            stream.reconfigure(errors="backslashreplace")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
