@@ -294,3 +294,16 @@ def test_a_checkpoint_under_a_path_that_is_not_utf8_reads_back(capsys, tmp_path)
     tiny_checkpoint(folder)
     main(["info", str(folder)])
     assert "parameters" in capsys.readouterr().out
+
+
+def test_weights_of_3e38_are_refused_by_analyze_not_a_traceback(capsys, tmp_path):
+    """Finite float32 weights of 3e38 made the spectra's SVD fail on infinities (and a results.json
+    of NaN); found by tests/test_fuzz.py flipping an exponent bit."""
+    folder = tiny_checkpoint(tmp_path / "c")
+    model = qkov.load(folder)
+    with torch.no_grad():
+        model.W_E[3, 2] = 3e38
+    qkov.save(model, folder)
+    code, _, err = run(capsys, "analyze", str(folder), "--out", str(tmp_path / "o"), "--quiet")
+    assert_one_line_error(code, err, "tensor W_E has a value of magnitude 3e+38, above 1e+06")
+    assert not (tmp_path / "o").exists()

@@ -95,6 +95,14 @@ def checked_checkpoint(path: str) -> Path:
     return folder
 
 
+def checked_weights(model: torch.nn.Module, source: str) -> torch.nn.Module:
+    """``model``, once no weight is so large that the analyses' products would overflow."""
+    from qkov.sizes import check_weight_magnitudes
+
+    check_weight_magnitudes(dict(model.named_parameters()), str(source))
+    return model
+
+
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
@@ -238,7 +246,9 @@ def analyze_command(args: argparse.Namespace) -> None:
 
     set_threads(args.threads)
     out = check_writable_folder(args.out if args.out else Path(args.checkpoint) / "analysis")
-    model = load(checked_checkpoint(args.checkpoint)).to(compute_device(args.device))
+    model = checked_weights(load(checked_checkpoint(args.checkpoint)), args.checkpoint).to(
+        compute_device(args.device)
+    )
     corpus = None
     if args.corpus:
         if model.tokenizer is None:

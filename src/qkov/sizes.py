@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from qkov.config import Config
 from qkov.errors import QkovError
 
 MAX_LAYERS = 4096  # the deepest published transformers have a few hundred layers
 LAYER_OVERHEAD_BYTES = 64 * 2**10  # a layer's modules and parameter objects, measured at about 40 KiB
 BUDGET_VARIABLE = "QKOV_MAX_BYTES"
+#: The largest weight the analyses take: the circuits multiply up to four weight matrices (the full QK
+#: circuit ``W_E W_Q W_K^T W_E^T``), so weights of 3e38, finite in float32, give infinities and NaN.
+#: A weight of 10^6 to the fourth power, times 10^4-wide sums thrice, stays within float32's 3.4e38.
+MAX_WEIGHT = 1e6
 
 
 def parameter_count(cfg: Config) -> int:
@@ -85,3 +91,17 @@ def check_model_size(cfg: Config, what: str = "config", bytes_per_weight: int = 
             f"{human_bytes(needed)} ({kept}{bytes_per_weight}-byte floats), more than the "
             f"{human_bytes(budget)} available (set {BUDGET_VARIABLE} to change the limit)"
         )
+
+
+def check_weight_magnitudes(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """One :class:`QkovError` line naming the first tensor with a value above :data:`MAX_WEIGHT` in
+    magnitude (a damaged file, bits flipped in an exponent), before an analysis overflows on it."""
+    for name, tensor in tensors.items():
+        if tensor.numel() and tensor.dtype.is_floating_point:
+            largest = float(tensor.detach().abs().max())
+            if largest > MAX_WEIGHT:
+                raise QkovError(
+                    f"{source}: tensor {name} has a value of magnitude {largest:.3g}, "
+                    f"above {MAX_WEIGHT:.0e}: "
+                    "the circuits' products would overflow (a damaged file?)"
+                )

@@ -22,6 +22,7 @@ from qkov.errors import QkovError
 from qkov.serve.app import create_app
 from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Jobs
+from qkov.sizes import check_weight_magnitudes
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 REQUEST_BYTES = 64 * 2**10  # a request line with the longest text (4000 characters, percent-encoded)
@@ -48,6 +49,7 @@ def build_app(
     :func:`qkov.data.user_tokens.read_user_tokens`) once and build its app: on a loopback
     ``host`` only requests naming a loopback host are served."""
     model = load(checkpoint)
+    check_weight_magnitudes(dict(model.named_parameters()), str(checkpoint))
     data = given_user_tokens(tokens, targets, model.cfg)
     explorer = Explorer(model, Path(checkpoint).name, data)
     jobs = Jobs(cache_bytes=cache_mb * 2**20, workers=workers)
