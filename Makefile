@@ -7,7 +7,7 @@ TL4 := .venv-tl4/bin
 TORCH := torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: reproduce train test setup chromium test-tl4 docs
+.PHONY: reproduce train test setup chromium test-tl4 docs fuzz
 
 $(BIN)/qkov: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ test: setup chromium
 	$(BIN)/python -m pytest -m "slow or not slow"
 	$(MAKE) test-tl4
 	$(BIN)/ruff check src tests benchmarks studies
+
+## The fuzzing suite at length: 2,000 generated cases per target (malformed checkpoints, token files,
+## arguments, explorer requests; 200 in make test), its counts written to runs/fuzz.json.
+fuzz: setup
+	rm -f runs/fuzz.json && mkdir -p runs
+	QKOV_FUZZ_EXAMPLES=2000 QKOV_FUZZ_REPORT=runs/fuzz.json $(BIN)/python -m pytest tests/test_fuzz.py -x -q
+	cat runs/fuzz.json
 
 ## The documentation site: every tutorial executed in a kernel, every warning an error; then a check
 ## that no page loads anything from the network. Open docs/_build/html/index.html.

@@ -65,3 +65,13 @@ def test_stats_show_the_cache_within_its_limit(served):
     get(client, "/api/head/L1H0/ov", token=4, k=3)  # a computed answer, kept in the cache
     stats = get(client, "/api/stats")
     assert stats["cache_entries"] >= 1 and 0 < stats["cache_bytes"] <= stats["cache_max_bytes"] == 256 * 2**20
+
+
+@pytest.mark.parametrize("prefix", ["#²", "#١٢", "#" + "9" * 3999, "#-1", "#"])
+def test_odd_number_prefixes_get_an_answer_not_a_server_error(served, prefix):
+    """``#²`` passed str.isdigit and crashed int(): a 500 in plain text without the headers."""
+    client, _ = served
+    response = client.get("/api/vocab", params={"prefix": prefix})
+    assert response.status_code < 500
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert set(response.json()) >= ({"matches"} if response.status_code == 200 else {"error"})

@@ -5,7 +5,7 @@ screen, and importing the library loads neither the trainer nor the renderer.
 The layers, lowest first (``qkov.x`` is ``x``; a package stands for all its modules):
 
 0. foundations: errors, io, numbers, config, names, linalg, topk, loss, machine, distributed, pickles,
-   training_log
+   training_log, sizes, tensorfile
 1. the model, its files and the data it reads: model, checkpoint, data
 2. models in and out: interop, and the hand-written models whose answers are known (handbuilt)
 3. the paper's ideas, one module each: circuits
@@ -39,7 +39,7 @@ LAYERS = (
         "pickles",
         "rotary",
     }
-    | {"training_log"},
+    | {"training_log", "sizes", "tensorfile"},
     {"model", "checkpoint", "data"},
     {"interop", "handbuilt"},
     {"circuits"},

@@ -67,3 +67,12 @@ def test_the_cache_estimate_covers_what_run_with_cache_keeps():
         logits, cache = model.run_with_cache(tokens)
     kept = sum(t.numel() * t.element_size() for t in [logits, *cache.values()])
     assert kept <= tokens.numel() * budget.cache_bytes(cfg, 24)
+
+
+def test_a_huge_context_is_cut_at_once():
+    """A model without positions and n_ctx 10^9: the period is found by bisection (the loop that
+    shortened it one token at a time spun for hours)."""
+    full = (16, 10**9 // 3)
+    shape = budget.batch_shape(full, 3, lambda length: 100.0 * length, 1e9, (8, 128))
+    assert shape[0] == 8 and 43 <= shape[1] < 1000
+    assert budget.batch_shape(full, 3, lambda length: 100.0 * length, 1e9 * 8 * 3 * 100, (8, 128))[1] > 43

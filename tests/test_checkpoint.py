@@ -230,3 +230,21 @@ def test_a_layer_norm_mlp_checkpoint_round_trips_and_names_a_missing_norm(tmp_pa
         write_by_hand(tmp_path / "broken", cfg, tensors=tensors)
         with pytest.raises(qkov.QkovError, match="missing tensor blocks.1.ln2.b"):
             qkov.load(tmp_path / "broken")
+
+
+def test_flipped_bytes_in_saved_weights_are_refused_not_loaded(tmp_path):
+    """safetensors has no checksum: qkov writes one of the tensors beside them and checks it on load,
+    so a damaged file is one line, never a different model; a file without one is read as it is."""
+    from safetensors.torch import save_file
+
+    model = qkov.AttnOnlyTransformer(qkov.Config(1, 2, 8, 4, 20, 8))
+    folder = qkov.save(model, tmp_path / "c")
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    for offset in range(len(data) - 200, len(data) - 100):  # inside the tensors, past the header
+        data[offset] ^= 0x10
+    weights.write_bytes(bytes(data))
+    with pytest.raises(qkov.QkovError, match="checksum"):
+        qkov.load(folder)
+    save_file({n: p.detach() for n, p in model.named_parameters()}, str(weights))  # another writer's file
+    assert torch.equal(qkov.load(folder).W_E, model.W_E)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -163,3 +164,145 @@ def test_info_shows_the_training_logs_last_row(capsys, tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     code, _, err = run(capsys, "info", str(tmp_path))
     assert_one_line_error(code, err, "metrics.jsonl, line 1: tokens: Field required")
+
+
+def tiny_checkpoint(folder, **overrides):
+    cfg = qkov.Config(**({"n_layers": 1, "n_heads": 2, "d_model": 8, "d_head": 4, "d_vocab": 12, "n_ctx": 6}))
+    qkov.save(random_model(cfg), folder)
+    if overrides:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | overrides))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--layers", "1", "--out", "{bad}", "--corpus", "{corpus}"],
+        ["analyze", "{ckpt}", "--out", "{bad}", "--quiet"],
+        ["import", "{ckpt}", "--out", "{bad}"],
+        ["series", "{tmp}", "--out", "{bad}", "--quiet"],
+        ["reproduce", "--out", "{bad}", "--quick", "--quiet"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(
+    capsys, tmp_path, tiny_corpus, argv
+):
+    """--out under a file: one line and exit 2 at once (train refused it only after preparing the
+    corpus and tokenizer, the others after their work, with a traceback)."""
+    (tmp_path / "file").write_text("")
+    fields = {"bad": tmp_path / "file" / "out", "corpus": tiny_corpus, "tmp": tmp_path}
+    fields["ckpt"] = tiny_checkpoint(tmp_path / "ckpt")
+    before = set(tmp_path.rglob("*"))
+    code, _, err = run(capsys, *(arg.format(**fields) for arg in argv))
+    assert_one_line_error(code, err, "is not a folder")
+    assert set(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("command", ["analyze", "train", "series", "reproduce", "serve"])
+def test_threads_outside_what_the_machine_takes_are_one_line(capsys, tmp_path, command):
+    argv = {
+        "analyze": ["analyze", str(tiny_checkpoint(tmp_path / "c")), "--out", str(tmp_path / "o")],
+        "train": ["train", "--layers", "1", "--out", str(tmp_path / "o")],
+        "series": ["series", str(tmp_path), "--out", str(tmp_path / "o")],
+        "reproduce": ["reproduce", "--out", str(tmp_path / "o")],
+        "serve": ["serve", str(tiny_checkpoint(tmp_path / "c")), "--port", "1"],
+    }[command]
+    for threads in ("-1", "0", "10000000", str(2**70)):  # ten million was a segmentation fault
+        code, _, err = run(capsys, *argv, "--threads", threads)
+        assert_one_line_error(
+            code, err, f"--threads must lie in [1, {8 * os.cpu_count()}] on this machine, got"
+        )
+    assert not (tmp_path / "o").exists()
+
+
+def test_import_refuses_to_overwrite_a_run_unless_forced(capsys, tmp_path):
+    """qkov import --out on a training run replaced its weights and kept its state and log; now it
+    refuses, and with --force leaves only the imported model."""
+    from interop_models import gpt2_folder
+
+    gpt2_folder(tmp_path / "gpt2")
+    capsys.readouterr()  # the model's own save progress
+    run_folder = tiny_checkpoint(tmp_path / "run")
+    for name in ("train_config.json", "metrics.jsonl", "training_state.safetensors"):
+        (run_folder / name).write_text("{}")
+    before = {p.name: p.read_bytes() for p in run_folder.iterdir()}
+    code, _, err = run(capsys, "import", str(tmp_path / "gpt2"), "--out", str(run_folder))
+    assert_one_line_error(code, err, "already holds a checkpoint or training run")
+    assert {p.name: p.read_bytes() for p in run_folder.iterdir()} == before
+    main(["import", str(tmp_path / "gpt2"), "--out", str(run_folder), "--force"])
+    assert sorted(p.name for p in run_folder.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
+    assert qkov.load(run_folder).cfg.source == "huggingface"
+
+
+def test_serve_on_a_busy_port_is_one_line_before_loading(capsys, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = run(capsys, "serve", str(tiny_checkpoint(tmp_path / "c")), "--port", str(port))
+    assert_one_line_error(code, err, f"cannot listen on 127.0.0.1:{port}")
+    assert "another program is using the port" in err and out == ""
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"n_layers": 10**6}, "n_layers 1,000,000 is more than 4,096"),
+        ({"d_model": 10**8}, "would take"),
+    ],
+)
+def test_absurd_sizes_are_refused_before_anything_is_built(capsys, tmp_path, monkeypatch, overrides, words):
+    monkeypatch.setenv("QKOV_MAX_BYTES", str(2**32))
+    folder = tiny_checkpoint(tmp_path / "c", **overrides)
+    for argv in (["info", str(folder)], ["analyze", str(folder), "--out", str(tmp_path / "o")]):
+        code, _, err = run(capsys, *argv)
+        assert_one_line_error(code, err, words)
+
+
+def test_train_refuses_an_absurd_width_before_reading_the_corpus(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("QKOV_MAX_BYTES", str(2**32))
+    code, _, err = run(
+        capsys, "train", "--layers", "1", "--out", str(tmp_path / "o"), "--d-model", str(10**7),
+        "--corpus", str(tmp_path / "no-such-corpus"),
+    )  # fmt: skip
+    assert_one_line_error(code, err, "4 copies of 4-byte floats")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_tokenizer_link_to_nowhere_and_a_deeply_nested_config_are_one_line(capsys, tmp_path):
+    folder = tiny_checkpoint(tmp_path / "c")
+    (folder / "tokenizer.json").symlink_to(folder / "tokenizer.json")
+    code, _, err = run(capsys, "info", str(folder))
+    assert_one_line_error(code, err, "a link that leads to no file")
+    (folder / "tokenizer.json").unlink()
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = run(capsys, "info", str(folder))
+    assert_one_line_error(code, err, "nested too deeply")
+
+
+def test_a_checkpoint_under_a_path_that_is_not_utf8_reads_back(capsys, tmp_path):
+    folder = tmp_path / os.fsdecode(b"caf\xe9")
+    tiny_checkpoint(folder)
+    main(["info", str(folder)])
+    assert "parameters" in capsys.readouterr().out
+
+
+def test_weights_of_3e38_are_refused_by_analyze_not_a_traceback(capsys, tmp_path):
+    """Finite float32 weights of 3e38 made the spectra's SVD fail on infinities (and a results.json
+    of NaN); found by tests/test_fuzz.py flipping an exponent bit."""
+    folder = tiny_checkpoint(tmp_path / "c")
+    model = qkov.load(folder)
+    with torch.no_grad():
+        model.W_E[3, 2] = 3e38
+    qkov.save(model, folder)
+    code, _, err = run(capsys, "analyze", str(folder), "--out", str(tmp_path / "o"), "--quiet")
+    assert_one_line_error(code, err, "tensor W_E has a value of magnitude 3e+38, above 1e+06")
+    assert not (tmp_path / "o").exists()

@@ -4,6 +4,7 @@ run code is refused before anything runs, an old torch is refused, and every bad
 from __future__ import annotations
 
 import builtins
+import os
 import re
 
 import pytest
@@ -11,7 +12,8 @@ import torch
 
 import qkov
 from qkov.cli import main
-from qkov.pickles import read_pickled_tensors
+from qkov.errors import QkovError
+from qkov.pickles import read_pickle, read_pickled_tensors
 
 D_VOCAB, D_MODEL, N_CTX = 7, 4, 5
 
@@ -140,3 +142,26 @@ def test_several_pickles_in_a_folder_ask_for_one(tmp_path, capsys):
     assert "several weights files (a_1000.pth, a_final.pth): give the one to import" in err
     main(["import", str(tmp_path / "src" / "a_final.pth"), "--out", str(tmp_path / "out")])
     assert qkov.load(tmp_path / "out").cfg.source == "transformer_lens"
+
+
+class CallsSystem:
+    """A pickle whose loading would call ``os.system`` (pickled as ``posix.system``, a function of a
+    module torch's unpickler blocks as a whole, in another wording than a lone global)."""
+
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def test_a_blocked_module_is_refused_with_what_it_would_call(tmp_path):
+    torch.save(CallsSystem(), tmp_path / "system.pt")
+    with pytest.raises(QkovError, match=r"refused: the pickle would call (posix|nt)\.system") as info:
+        read_pickle(tmp_path / "system.pt")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("content", [b"Q", b"\x80\x02Q", b"(", b"\x80\x04\x95"])
+def test_a_few_bytes_of_damaged_pickle_are_one_line(tmp_path, content):
+    """b"Q" made torch's restricted unpickler raise a bare IndexError (found by tests/test_fuzz.py)."""
+    (tmp_path / "t.pt").write_bytes(content)
+    with pytest.raises(QkovError, match="not a readable PyTorch pickle"):
+        read_pickle(tmp_path / "t.pt")

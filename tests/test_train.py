@@ -303,3 +303,71 @@ def test_torch_compile_traces_the_training_step_in_one_graph(n_layers):
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     traced = torch.compile(NextTokenLoss(model), backend="eager")(windows)  # the graph, run as traced
     assert torch.allclose(traced, model.loss(windows))
+
+
+class StopsAfter(Trainer):
+    """A run whose Ctrl-C arrives during step ``stop_at``: it saves a checkpoint and stops there."""
+
+    stop_at = 15
+
+    def train_step(self, loss_module, stop_requested):
+        return super().train_step(loss_module, stop_requested or self.step == self.stop_at - 1)
+
+
+def test_resumed_metrics_log_equals_the_uninterrupted_one(tiny_corpus, tmp_path):
+    """The first train_loss after a resume averages the steps since the last evaluation, those
+    before the stop included (it averaged only the steps since the resume)."""
+    settings = {"steps": 20, "eval_every": 10, "checkpoint_every": 100}
+    tiny_run(tiny_corpus, tmp_path / "whole", **settings).run(show_progress=False)
+    corpus = CorpusFiles.find([str(tiny_corpus)])
+    tokenizer = sampled_tokenizer(corpus, 300)
+    cfg = qkov.Config(2, 2, 32, 16, tokenizer.get_vocab_size(), 32)
+    data = sharded_tokens(corpus, tokenizer, show_progress=False)
+    train_cfg = TrainConfig(
+        steps=20, batch_size=8, lr=1e-2, **{k: settings[k] for k in settings if k != "steps"}
+    )
+    with pytest.raises(KeyboardInterrupt):
+        StopsAfter(cfg, train_cfg, data, tmp_path / "cut", tokenizer).run(show_progress=False)
+    tiny_run(tiny_corpus, tmp_path / "cut", **settings).run(resume=True, show_progress=False)
+    whole = (tmp_path / "whole" / "metrics.jsonl").read_text()
+    assert (tmp_path / "cut" / "metrics.jsonl").read_text() == whole
+
+
+def test_identical_runs_write_identical_training_state_bytes(tiny_corpus, tmp_path):
+    """The training state's header keys are sorted (the safetensors writer's metadata map put them
+    in another order run after run), and it carries its tensors' checksum."""
+    for run in ("a", "b"):
+        tiny_run(tiny_corpus, tmp_path / run, steps=3, eval_every=1000).run(show_progress=False)
+    state = (tmp_path / "a" / STATE_FILE).read_bytes()
+    assert state == (tmp_path / "b" / STATE_FILE).read_bytes()
+    assert b'"qkov_sha256"' in state
+
+
+def test_weight_files_get_the_usual_permissions(tiny_corpus, tmp_path):
+    tiny_run(tiny_corpus, tmp_path / "run", steps=2, eval_every=1000).run(show_progress=False)
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "run").iterdir()}
+    assert set(modes.values()) == {0o666 & ~umask}, modes
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_train_config(tiny_corpus, tmp_path):
+    """Diverging at step 1 (a learning rate of 1e30) removes what the start wrote, so the corrected
+    rerun is not refused as a second run into the folder."""
+    with pytest.raises(qkov.QkovError, match="diverged"):
+        tiny_run(tiny_corpus, tmp_path / "run", steps=5, lr=1e30, warmup_steps=0).run(show_progress=False)
+    assert not (tmp_path / "run" / "train_config.json").exists()
+    tiny_run(tiny_corpus, tmp_path / "run", steps=2).run(show_progress=False)
+    assert (tmp_path / "run" / STATE_FILE).exists()
+
+
+def test_a_tampered_training_state_is_refused_on_resume(tiny_corpus, tmp_path):
+    tiny_run(tiny_corpus, tmp_path / "run", steps=2, eval_every=1000).run(show_progress=False)
+    state = tmp_path / "run" / STATE_FILE
+    data = bytearray(state.read_bytes())
+    data[-5] ^= 0x40
+    state.write_bytes(bytes(data))
+    with pytest.raises(qkov.QkovError, match="checksum"):
+        tiny_run(tiny_corpus, tmp_path / "run", steps=4, eval_every=1000).run(
+            resume=True, show_progress=False
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 
 import numpy as np
 import pytest
@@ -135,3 +136,53 @@ def test_a_classifier_needs_its_targets_and_targets_need_tokens(tmp_path, capsys
     with pytest.raises(SystemExit):
         main(["analyze", str(tmp_path / "ckpt"), "--targets", str(write(tmp_path, "y.npy", IDS)), "--quiet"])
     assert "--targets needs --tokens" in capsys.readouterr().err
+
+
+def huge_npy_header(file, shape=(100_000, 100_000_000)):
+    """A .npy file of a few bytes whose header claims ``shape`` of int64 (numpy would allocate it)."""
+    header = f"{{'descr': '<i8', 'fortran_order': False, 'shape': {shape}, }}"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    file.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(64))
+    return file
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("bad.jsonl", b"\xff\xfe[1, 2]\n", "not UTF-8 text"),
+        ("deep.jsonl", b"[" * 100_000 + b"]" * 100_000 + b"\n", "nested too deeply"),
+        ("digits.jsonl", b"[" + b"9" * 5000 + b"]\n", "4300 digits"),
+        ("wide.jsonl", b"[" + str(2**64).encode() + b"]\n", "does not fit in 64 bits"),
+        ("zero.npy", b"", "not a readable .npy array"),
+        ("huge.npy", None, "80,000,000,000,000 bytes"),
+        ("uint64.npy", np.array([[1, 2**64 - 1]], dtype=np.uint64), "token id 18446744073709551615"),
+        ("empty.npy", np.zeros((0,), dtype=np.int64), "no tokens"),
+    ],
+)
+def test_hostile_token_files_are_one_line(tmp_path, name, content, words):
+    """Each of these was a traceback (or a 23.8 GiB allocation, or id -1 for 2^64-1)."""
+    file = tmp_path / name
+    if content is None:
+        huge_npy_header(file)
+    elif isinstance(content, bytes):
+        file.write_bytes(content)
+    else:
+        np.save(file, content)
+    with pytest.raises(qkov.QkovError, match=re.escape(words)) as info:
+        read_ids(file)
+    assert "\n" not in str(info.value)
+
+
+def test_uint64_safetensors_ids_above_int64_are_named_by_their_value(tmp_path):
+    save_file({"tokens": torch.tensor([[3, 2**64 - 1]], dtype=torch.uint64)}, str(tmp_path / "t.safetensors"))
+    with pytest.raises(qkov.QkovError, match="18446744073709551615"):
+        read_ids(tmp_path / "t.safetensors")
+
+
+def test_a_pickled_flat_list_is_one_row_and_a_list_of_odd_things_is_one_line(tmp_path):
+    """torch.save([5, 7]) was a TypeError (len of an int), found by tests/test_fuzz.py."""
+    torch.save([5, 7], tmp_path / "flat.pt")
+    assert read_ids(tmp_path / "flat.pt").tolist() == [[5, 7]]
+    torch.save([5, "x"], tmp_path / "odd.pt")
+    with pytest.raises(qkov.QkovError, match="rows of token ids expected, found a int"):
+        read_ids(tmp_path / "odd.pt")

@@ -12,14 +12,14 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.io import atomic_write, atomic_write_text, read_json
+from qkov.io import atomic_write_text, read_json
 from qkov.model import Transformer
+from qkov.sizes import check_model_size
+from qkov.tensorfile import read_tensor_file, write_tensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -50,7 +50,7 @@ def save(model: Transformer, path: str | os.PathLike, tokenizer: Tokenizer | Non
         raise QkovError(f"{folder}: exists and is not a folder")
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     tensors = {name: p.detach().contiguous().cpu() for name, p in model.named_parameters()}
-    atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp)))
+    write_tensors(folder / WEIGHTS_FILE, tensors)  # with a checksum of the tensors, checked on load
     if tokenizer is not None:
         atomic_write_text(folder / TOKENIZER_FILE, tokenizer.to_str())
     atomic_write_text(folder / CONFIG_FILE, model.cfg.to_json())
@@ -66,15 +66,9 @@ def load_config(path: str | os.PathLike) -> Config:
 
 def read_tensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Every tensor of a safetensors file and its metadata, with one clear error if the file is
-    missing, truncated or corrupt."""
-    if not file.is_file():
-        raise QkovError(f"{file}: missing")
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            return {name: f.get_tensor(name) for name in f.keys()}, f.metadata() or {}  # noqa: SIM118
-    except (SafetensorError, OSError, RuntimeError, ValueError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise QkovError(f"{file}: truncated or corrupt safetensors file ({reason})") from None
+    missing, truncated or corrupt, or its tensors do not match the checksum qkov wrote beside them
+    (:mod:`qkov.tensorfile`; a file without one is read as it is)."""
+    return read_tensor_file(file)
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -114,6 +108,8 @@ def load_tokenizer(path: str | os.PathLike, d_vocab: int | None = None) -> Token
     """The checkpoint's tokenizer, or None when it has none; checked against ``d_vocab``."""
     file = Path(path) / TOKENIZER_FILE
     if not file.exists():
+        if file.is_symlink():
+            raise QkovError(f"{file}: a link that leads to no file (a loop, or its target is missing)")
         return None
     try:
         tokenizer = Tokenizer.from_file(str(file))
@@ -133,6 +129,7 @@ def model_from_tensors(cfg: Config, tensors: dict[str, torch.Tensor], source: st
     float32 or float64, else in float32: half-precision and float8 weights (bfloat16 checkpoints,
     the usual way models are shared now) are read exactly and computed in float32, since several
     analyses (QR, eigenvalues) have no half-precision kernels and would lose digits in them."""
+    check_model_size(cfg, source)
     biases = check_weights(cfg, tensors, source)
     dtype = tensors["W_E"].dtype if tensors["W_E"].dtype in COMPUTE_DTYPES else torch.float32
     with torch.device(tensors["W_E"].device):

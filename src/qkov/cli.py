@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from rich.console import Console
@@ -19,6 +20,23 @@ from qkov.recipes import PRESETS
 from qkov.results import Results
 
 console = Console(stderr=True)
+
+
+def one_line(message: str) -> str:
+    """``message`` with every character that is not printable (a newline or carriage return in a
+    file's field name, say) escaped, so the error stays one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line and exit status 2, as every other bad input
+    (argparse prints its usage first; ``--help`` still shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("qkov").strip()
+        where = f"{command}: " if command else ""
+        print(f"qkov: error: {one_line(where + message)} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def add_corpus_argument(p: argparse.ArgumentParser, help: str) -> None:
@@ -36,7 +54,7 @@ def add_threads_argument(p: argparse.ArgumentParser, help: str = "CPU threads (d
 def common_options(device_help: str) -> argparse.ArgumentParser:
     """The options every long-running command shares: ``--seed``, ``--threads``, ``--quiet`` and
     ``--device`` (its help says what the command computes there)."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     add_threads_argument(p, "CPU threads (default: all cores; for train, per process)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
@@ -45,6 +63,55 @@ def common_options(device_help: str) -> argparse.ArgumentParser:
 
 
 DEVICES = "cpu (default), cuda, cuda:1, ..."
+
+
+def most_threads() -> int:
+    """The most CPU threads a command takes: 8 per core (more only slows a CPU down)."""
+    return 8 * (os.cpu_count() or 1)
+
+
+def set_threads(threads: int | None, default: int | None = None) -> None:
+    """``--threads``: at least 1 and at most :func:`most_threads` when given (else ``default``, else
+    every core); ten million threads crashed the process (a segmentation fault in OpenMP)."""
+    if threads is not None and not 1 <= threads <= most_threads():
+        raise QkovError(f"--threads must lie in [1, {most_threads()}] on this machine, got {threads}")
+    torch.set_num_threads(threads or default or os.cpu_count() or 1)
+
+
+def checked_checkpoint(path: str) -> Path:
+    """A checkpoint folder's config checked before its weights are read: the sizes it implies
+    (:func:`qkov.sizes.check_model_size`) and a ``tokenizer.json`` that is a link to nowhere (a
+    loop, or a missing file), which would otherwise be silently taken for none."""
+    from qkov.checkpoint import TOKENIZER_FILE, load_config
+    from qkov.sizes import check_model_size
+
+    folder = Path(path)
+    foreign = folder.is_dir() and _is_foreign(folder)  # a Hugging Face or TransformerLens folder
+    cfg = load_config(folder) if folder.is_dir() and not foreign else None
+    if cfg is not None:
+        check_model_size(cfg, str(folder / "config.json"))
+    tokenizer = folder / TOKENIZER_FILE
+    if tokenizer.is_symlink() and not tokenizer.exists():
+        raise QkovError(f"{tokenizer}: a link that leads to no file (a loop, or its target is missing)")
+    return folder
+
+
+def _is_foreign(folder: Path) -> bool:
+    """Whether a folder's config is another library's (imported in memory, its sizes checked as
+    its tensors are built), not a qkov checkpoint's."""
+    from qkov.io import read_json
+
+    file = folder / "config.json"
+    data = read_json(file) if file.is_file() else None
+    return isinstance(data, dict) and "positional_embedding" not in data and bool(data)
+
+
+def checked_weights(model: torch.nn.Module, source: str) -> torch.nn.Module:
+    """``model``, once no weight is so large that the analyses' products would overflow."""
+    from qkov.sizes import check_weight_magnitudes
+
+    check_weight_magnitudes(dict(model.named_parameters()), str(source))
+    return model
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -97,14 +164,16 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def train_command(args: argparse.Namespace) -> None:
+    from qkov.io import check_writable_folder
     from qkov.training_run import TRAIN_FLAGS, TrainingInterrupted, TrainingRun, default_threads, train
 
+    check_writable_folder(args.out)
+    set_threads(args.threads, default_threads(args.nproc))
     settings = {name: getattr(args, name) for name in TRAIN_FLAGS}
     run = TrainingRun(
         Path(args.out), args.layers, args.preset, settings, args.corpus, args.text_field, args.device,
         args.resume, args.grad_accum, args.compile, args.nproc, tuple(args.argv),
     )  # fmt: skip
-    torch.set_num_threads(args.threads or default_threads(args.nproc))
     try:
         train(run, show_progress=not args.quiet)
     except TrainingInterrupted as stop:
@@ -117,7 +186,7 @@ def info_command(args: argparse.Namespace) -> None:
     from qkov.interop import open_model as load
     from qkov.training_log import read_training_log, row_fields
 
-    model = load(args.checkpoint)
+    model = load(checked_checkpoint(args.checkpoint))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.checkpoint}: {n_params:,} parameters ({model.W_E.dtype}), biases: {model.has_biases}")
     for key, value in model.cfg.to_dict().items():
@@ -180,15 +249,17 @@ def analyze_command(args: argparse.Namespace) -> None:
     from qkov.data.shards import corpus_tokens
     from qkov.data.user_tokens import given_user_tokens
     from qkov.interop import open_model as load
-    from qkov.io import atomic_write_text
+    from qkov.io import atomic_write_text, check_writable_folder
     from qkov.machine import compute_device
     from qkov.report import render_report
     from qkov.results import write_results
     from qkov.training_log import read_training_log
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    out = Path(args.out) if args.out else Path(args.checkpoint) / "analysis"
-    model = load(args.checkpoint).to(compute_device(args.device))
+    set_threads(args.threads)
+    out = check_writable_folder(args.out if args.out else Path(args.checkpoint) / "analysis")
+    model = checked_weights(load(checked_checkpoint(args.checkpoint)), args.checkpoint).to(
+        compute_device(args.device)
+    )
     corpus = None
     if args.corpus:
         if model.tokenizer is None:
@@ -267,6 +338,12 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("src", help="the folder or weights file to import")
     p.add_argument("--out", required=True, help="the qkov checkpoint folder to write")
     p.add_argument("--no-fold", action="store_true", help="keep LayerNorm as it is and change no weight")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the checkpoint or training run already in --out (its training state, training "
+        "config and metrics log are removed, so the folder holds only the imported model)",
+    )
     p.add_argument("--config", help="the config.json to use (default: the one beside the weights)")
     p.add_argument(
         "--mapping", help="a JSON file mapping the weights' own keys to qkov's, with the model's config"
@@ -287,12 +364,36 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
+#: What a checkpoint folder or a training run holds: ``qkov import --out`` refuses a folder holding
+#: any of them unless ``--force``, and then removes those the import does not write.
+RUN_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+TRAINING_FILES = ("train_config.json", "training_state.safetensors", "metrics.jsonl")
+
+
+def check_import_folder(out: Path, force: bool) -> None:
+    """``--out`` writable, and holding no checkpoint or training run unless ``force``."""
+    from qkov.io import check_writable_folder
+
+    check_writable_folder(out)
+    held = [name for name in RUN_FILES + TRAINING_FILES if (out / name).exists()]
+    if held and not force:
+        raise QkovError(
+            f"{out} already holds a checkpoint or training run ({held[0]}); choose another --out, or "
+            "pass --force to replace it"
+        )
+
+
 def import_command(args: argparse.Namespace) -> None:
     from qkov.interop import import_checkpoint
 
+    out = Path(args.out)
+    check_import_folder(out, args.force)
     model, lines = import_checkpoint(
         args.src, args.out, not args.no_fold, args.config, args.mapping, args.check, args.bos_token_id
     )
+    if args.force:  # the imported model replaced the run's: its state and log no longer describe it
+        for name in TRAINING_FILES + (() if model.tokenizer is not None else ("tokenizer.json",)):
+            (out / name).unlink(missing_ok=True)
     for line in lines:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     cfg = model.cfg
@@ -340,12 +441,13 @@ def add_series_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def series_command(args: argparse.Namespace) -> None:
-    from qkov.io import atomic_write_text
+    from qkov.io import atomic_write_text, check_writable_folder
     from qkov.report import render_report
     from qkov.results import write_results
     from qkov.series import SeriesRun, SeriesSource, run_series, series_results, verdict_lines
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    set_threads(args.threads)
+    check_writable_folder(args.out)
     paths = (args.config, args.mapping, args.control_config, args.control_mapping)
     config, mapping, control_config, control_mapping = (Path(p) if p else None for p in paths)
     control = SeriesSource(Path(args.control), control_config, control_mapping) if args.control else None
@@ -382,10 +484,11 @@ def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
 
 def reproduce_command(args: argparse.Namespace) -> None:
     from qkov.claims import summary_table
+    from qkov.io import check_writable_folder
     from qkov.reproduce import reproduce
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    out = Path(args.out)
+    set_threads(args.threads)
+    out = check_writable_folder(args.out)
     try:
         results = reproduce(out, args.corpus, args.quick, args.seed, not args.quiet, args.device)
     except KeyboardInterrupt:
@@ -429,14 +532,22 @@ def serve_command(args: argparse.Namespace) -> None:
         raise QkovError(f"--port must lie in [1, 65535], got {args.port}")
     if args.cache_mb < 1 or args.workers < 1:
         raise QkovError("--cache-mb and --workers must be at least 1")
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    serve(args.checkpoint, args.host, args.port, args.cache_mb, args.workers, args.tokens, args.targets)
+    set_threads(args.threads)
+    serve(
+        checked_checkpoint(args.checkpoint),
+        args.host,
+        args.port,
+        args.cache_mb,
+        args.workers,
+        args.tokens,
+        args.targets,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     from qkov import __version__
 
-    parser = argparse.ArgumentParser(prog="qkov", description="Transformer circuits, read off the weights.")
+    parser = Parser(prog="qkov", description="Transformer circuits, read off the weights.")
     parser.add_argument("--version", action="version", version=f"qkov {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
@@ -448,6 +559,9 @@ def main(argv: list[str] | None = None) -> None:
     info = sub.add_parser("info", help="validate a checkpoint folder and describe it")
     info.add_argument("checkpoint")
     sub.add_parser("schema", help="print the JSON Schema of results.json")
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a traceback
+        if callable(getattr(stream, "reconfigure", None)):
+            stream.reconfigure(errors="backslashreplace")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -462,7 +576,7 @@ def main(argv: list[str] | None = None) -> None:
             "series": series_command,
         }[args.command](args)
     except QkovError as err:
-        print(f"qkov: error: {err}", file=sys.stderr)
+        print(f"qkov: error: {one_line(str(err))}", file=sys.stderr)
         sys.exit(2)
 
 

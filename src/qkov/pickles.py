@@ -43,8 +43,10 @@ def refusal(file: Path, err: pickle.UnpicklingError) -> QkovError:
     lines = [line.strip() for line in str(err).splitlines()]
     reason = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0])
     reason = reason.removeprefix("WeightsUnpickler error:").strip()
-    if "Unsupported global" in reason:
-        called = reason.split("GLOBAL ", 1)[-1].split(" ", 1)[0]
+    # torch words it "Unsupported global: GLOBAL x.f ..." or "... unsupported GLOBAL x.f whose module ..."
+    named = next((line for line in lines if "GLOBAL " in line), None)
+    if named is not None:
+        called = named.split("GLOBAL ", 1)[-1].split(" ", 1)[0]
         return QkovError(
             f"{file}: refused: the pickle would call {called}, which is not a tensor or a plain "
             "container (torch.load(weights_only=True) allows only those); nothing was run"
@@ -60,7 +62,7 @@ def read_pickle(file: Path) -> Any:
         return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise refusal(file, err) from None
-    except (RuntimeError, EOFError, ValueError, OSError) as err:
+    except Exception as err:  # the restricted unpickler fails on a damaged file in many ways (IndexError...)
         reason = str(err).splitlines()[0].split(". ")[0] if str(err) else type(err).__name__
         raise QkovError(f"{file}: not a readable PyTorch pickle ({reason})") from None
 

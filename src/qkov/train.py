@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from torch.nn.parallel import DistributedDataParallel
 
@@ -50,7 +49,6 @@ from qkov.checkpoint import (
     TOKENIZER_FILE,
     WEIGHTS_FILE,
     model_from_tensors,
-    read_tensors,
     save,
 )
 from qkov.config import Config
@@ -58,10 +56,11 @@ from qkov.data.shards import TokenShards
 from qkov.data.tokens import TokenSplits, window_starts, windows_at
 from qkov.errors import QkovError
 from qkov.evaluation import EVAL_TOKENS, evaluate, evaluation_inputs
-from qkov.io import atomic_write, atomic_write_text
+from qkov.io import atomic_write_text
 from qkov.machine import compute_device
 from qkov.model import AttnOnlyTransformer, init_weights
-from qkov.training_log import TrainingPoint, append_training_point, truncate_training_log
+from qkov.tensorfile import read_tensor_file, write_tensors
+from qkov.training_log import METRICS_FILE, TrainingPoint, append_training_point, truncate_training_log
 
 STATE_FILE = "training_state.safetensors"
 TRAIN_CONFIG_FILE = "train_config.json"
@@ -227,6 +226,7 @@ class Trainer:
             groups, lr=train_cfg.lr, betas=(0.9, 0.95), weight_decay=train_cfg.weight_decay
         )
         self.step = 0
+        self.losses_since_eval: list[float] = []
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=train_cfg.precision == "bf16"
         )
@@ -248,8 +248,12 @@ class Trainer:
         """The training state first (weights and optimizer in one atomic file, the step in its
         metadata), then the user-facing checkpoint: a run killed at any moment can be resumed."""
         tensors = self.state_tensors()
-        meta = {"step": str(self.step), "config": self.cfg.to_json()}
-        atomic_write(self.out / STATE_FILE, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+        meta = {
+            "step": str(self.step),
+            "config": self.cfg.to_json(),
+            "losses_since_eval": json.dumps(self.losses_since_eval),
+        }
+        write_tensors(self.out / STATE_FILE, tensors, meta)
         save(self.model, self.out, self.tokenizer)
 
     def start_folder(self) -> None:
@@ -265,7 +269,7 @@ class Trainer:
 
     def load_checkpoint(self) -> None:
         file = self.out / STATE_FILE
-        tensors, meta = read_tensors(file)
+        tensors, meta = read_tensor_file(file)
         if Config.from_dict(json.loads(meta.get("config", "{}"))) != self.cfg:
             raise QkovError(f"{file}: checkpoint was trained with another model config; use another --out")
         weights = {n[len("model.") :]: t for n, t in tensors.items() if n.startswith("model.")}
@@ -280,6 +284,9 @@ class Trainer:
                     tensor.clone() if key == "step" else tensor.to(param.device)
                 )
         self.step = int(meta["step"])
+        # the losses of the steps since the last evaluation, so that the next row's train_loss
+        # averages the same steps as an uninterrupted run's (absent in older states: none)
+        self.losses_since_eval = [float(x) for x in json.loads(meta.get("losses_since_eval", "[]"))]
         if self.processes.is_main:
             truncate_training_log(self.out, self.step)
 
@@ -292,9 +299,10 @@ class Trainer:
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------
-    def open_folder(self, resume: bool) -> None:
+    def open_folder(self, resume: bool) -> bool:
         """Start ``out`` or continue the run in it. Every process checks the folder before rank 0
-        writes anything (so all come to the same decision); each reads the checkpoint."""
+        writes anything (so all come to the same decision); each reads the checkpoint. Returns
+        whether the folder was started here."""
         if (self.out / TRAIN_CONFIG_FILE).exists():
             if not resume:
                 raise QkovError(
@@ -306,12 +314,13 @@ class Trainer:
                 self.load_checkpoint()
             elif self.processes.is_main:  # stopped before its first checkpoint: start again from step 0
                 truncate_training_log(self.out, self.step)
-        elif (self.out / WEIGHTS_FILE).exists():
+            return False
+        if (self.out / WEIGHTS_FILE).exists():
             raise QkovError(f"{self.out} already holds a checkpoint; choose another --out")
-        else:
-            self.processes.barrier()
-            if self.processes.is_main:
-                self.start_folder()
+        self.processes.barrier()
+        if self.processes.is_main:
+            self.start_folder()
+        return True
 
     def micro_batches(self, step: int) -> list[torch.Tensor]:
         """This process' share of step ``step``'s global batch, in ``grad_accum`` micro-batches.
@@ -356,7 +365,25 @@ class Trainer:
         return float(shared[0]) / self.processes.world_size, bool(shared[1] > 0)
 
     def run(self, resume: bool = False, show_progress: bool = True) -> AttnOnlyTransformer:
-        self.open_folder(resume)
+        """Train to the last step (see the module docstring). A fresh run that fails before its
+        first checkpoint removes what it wrote, so the corrected rerun is not refused."""
+        started = self.open_folder(resume)
+        try:
+            return self.train_loop(show_progress)
+        except Exception:
+            if started and self.processes.is_main and not (self.out / STATE_FILE).exists():
+                self.undo_start()
+            raise
+
+    def undo_start(self) -> None:
+        """Remove the files :meth:`start_folder` wrote (and a first metrics row), and the folder
+        when that leaves it empty."""
+        for name in (TRAIN_CONFIG_FILE, CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE):
+            (self.out / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.out.rmdir()
+
+    def train_loop(self, show_progress: bool) -> AttnOnlyTransformer:
         cfg, main = self.train_cfg, self.processes.is_main
         tokens_per_step = cfg.batch_size * self.cfg.n_ctx
         loss_module: torch.nn.Module = NextTokenLoss(self.model)
@@ -373,7 +400,7 @@ class Trainer:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
         )
-        losses: list[float] = []
+        losses = self.losses_since_eval
         evaluation_steps = cfg.evaluation_steps()
         with (
             Progress(*columns, disable=not (show_progress and main), transient=False) as progress,
@@ -399,7 +426,7 @@ class Trainer:
                     append_training_point(self.out, point)
                     progress.update(task, eval=f"{point.eval_loss:.3f}")
                 if self.step in evaluation_steps:
-                    losses = []
+                    losses.clear()
                 if main and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps or stopping):
                     self.save_checkpoint()
                 if stopping:

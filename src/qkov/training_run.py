@@ -24,15 +24,17 @@ from rich.console import Console
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from qkov.checkpoint import load_config, load_tokenizer
+from qkov.checkpoint import WEIGHTS_FILE, load_config, load_tokenizer
 from qkov.config import Config
 from qkov.data.shards import TokenShards, sampled_tokenizer, sharded_tokens
 from qkov.data.sources import TEXT_FIELD, CorpusFiles
 from qkov.distributed import launched_by_torchrun, process_group, torchrun_command
 from qkov.errors import QkovError
+from qkov.io import check_writable_folder
 from qkov.machine import compute_device
 from qkov.model import AttnOnlyTransformer
 from qkov.recipes import Recipe, recipe
+from qkov.sizes import check_model_size
 from qkov.train import STATE_FILE, TRAIN_CONFIG_FILE, TrainConfig, Trainer
 from qkov.training_log import METRICS_FILE
 
@@ -119,8 +121,11 @@ class Prepared:
 def prepare(run: TrainingRun, show_progress: bool = True) -> Prepared:
     """The configs (the saved ones on resume, else the recipe with the settings on top), the
     tokenizer and the sharded tokens of a run, and the corpus' files."""
-    corpus = CorpusFiles.find(run.corpus, run.text_field)
     saved = run.out / TRAIN_CONFIG_FILE
+    check_folder(run.out, run.resume)
+    if not (run.resume and saved.exists()):  # the sizes before the corpus is read: weights, grads, AdamW's 2
+        check_model_size(run.recipe().model, "train", copies=4)
+    corpus = CorpusFiles.find(run.corpus, run.text_field)
     if run.resume and saved.exists():
         tokenizer = load_tokenizer(run.out)
         cfg = load_config(run.out)
@@ -134,6 +139,17 @@ def prepare(run: TrainingRun, show_progress: bool = True) -> Prepared:
         cfg, train_cfg = r.configs(tokenizer.get_vocab_size())
     data = sharded_tokens(corpus, tokenizer, show_progress)
     return Prepared(cfg, train_cfg, data, tokenizer, corpus)
+
+
+def check_folder(out: Path, resume: bool) -> None:
+    """Before any work: ``out`` writable, and holding no run (unless resumed) and no other checkpoint
+    (:meth:`qkov.train.Trainer.open_folder` decides the same again, once the model is built)."""
+    check_writable_folder(out)
+    if (out / TRAIN_CONFIG_FILE).exists():
+        if not resume:
+            raise QkovError(f"{out} already holds a training run; pass --resume or choose another --out")
+    elif (out / WEIGHTS_FILE).exists():
+        raise QkovError(f"{out} already holds a checkpoint; choose another --out")
 
 
 def check_resume_settings(given: Mapping[str, Any], cfg: Config, train_cfg: TrainConfig) -> None:

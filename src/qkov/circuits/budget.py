@@ -70,6 +70,10 @@ def batch_shape(
         length = repeats * p
         return int(budget // (length * cost(length)))
 
-    while period > shortest and fitting(period) < fewest:
-        period -= 1
+    if period > shortest and fitting(period) < fewest:  # the longest period that fits, by bisection:
+        low, high = shortest, period  # fewer tokens never cost more (n_ctx 10^9 took forever one by one)
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fitting(middle) >= fewest else (low, middle - 1)
+        period = low
     return max(fewest, min(sequences, fitting(period))), period

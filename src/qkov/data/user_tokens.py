@@ -23,6 +23,7 @@ position has none). Anything that does not fit the model is refused with one lin
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,10 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from qkov.checkpoint import read_tensors
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.pickles import read_pickle
+from qkov.tensorfile import read_tensor_file
 
 IGNORE = -100  # a position without a target (PyTorch's ignore_index)
 SUFFIXES = (".npy", ".safetensors", ".pt", ".pth", ".jsonl")
@@ -60,6 +61,11 @@ def _rows(rows: list, file: Path) -> Tensor:
     """A list of rows (lists of ids, or 1-D tensors) as one ``[batch, pos]`` tensor."""
     if not rows:
         raise QkovError(f"{file}: no tokens (no rows)")
+    if all(isinstance(i, int) and not isinstance(i, bool) for i in rows):  # one row of ids
+        rows = [rows]
+    if not all(isinstance(row, list | tuple | Tensor) for row in rows):
+        kind = next(type(row).__name__ for row in rows if not isinstance(row, list | tuple | Tensor))
+        raise QkovError(f"{file}: rows of token ids expected, found a {kind}")
     lengths = {len(row) for row in rows}
     if len(lengths) > 1:
         raise QkovError(
@@ -73,17 +79,71 @@ def _rows(rows: list, file: Path) -> Tensor:
 
 def _jsonl(file: Path) -> Tensor:
     rows = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise QkovError(f"{file}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise QkovError(f"{file}:{number}: not JSON ({err.msg})") from None
+        except RecursionError:
+            raise QkovError(f"{file}:{number}: not a list of token ids (JSON nested too deeply)") from None
+        except ValueError as err:  # an integer of more than 4,300 digits
+            raise QkovError(f"{file}:{number}: not JSON ({str(err).split(':')[0]})") from None
         if not isinstance(row, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in row):
             raise QkovError(f"{file}:{number}: expected a JSON list of integer token ids")
+        too_large = next((i for i in row if not -(2**63) <= i < 2**63), None)
+        if too_large is not None:
+            raise QkovError(f"{file}:{number}: token id {too_large} does not fit in 64 bits")
         rows.append(row)
     return _rows(rows, file)
+
+
+def _npy(file: Path) -> Tensor:
+    """A ``.npy`` array, its header checked against the file's size before numpy allocates what
+    the header says (a header can claim terabytes in a few bytes)."""
+    try:
+        with open(file, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(f, max_header_size=10000)
+            start = f.tell()
+        if dtype.hasobject:
+            raise ValueError("an object array (pickled values are never read)")
+        needed = math.prod(shape) * dtype.itemsize
+        available = file.stat().st_size - start
+        if needed != available:
+            raise ValueError(
+                f"its header says shape {shape} of {dtype}, {needed:,} bytes; it holds {available:,}"
+            )
+        array = np.load(file, allow_pickle=False)
+    except (ValueError, OSError, TypeError, EOFError, SyntaxError) as err:
+        raise QkovError(f"{file}: not a readable .npy array ({str(err).splitlines()[0]})") from None
+    return _as_tensor(array, file)
+
+
+def _as_tensor(array: np.ndarray, file: Path) -> Tensor:
+    """An integer array as a tensor: unsigned ids above 2^63 - 1 (which int64 would wrap to negative
+    numbers) named by their own value."""
+    if array.dtype.kind == "u" and array.size and array.max() > 2**63 - 1:
+        flat = int(np.argmax(array.reshape(-1) > 2**63 - 1))
+        where = np.unravel_index(flat, array.shape)
+        raise QkovError(
+            f"{file}: token id {int(array.reshape(-1)[flat])} at index {tuple(int(i) for i in where)} "
+            "does not fit in 64-bit signed integers"
+        )
+    try:
+        return torch.as_tensor(array)
+    except TypeError as err:
+        raise QkovError(f"{file}: token ids of dtype {array.dtype} ({str(err).splitlines()[0]})") from None
 
 
 def _named(tensors: dict[str, Any], name: str, file: Path) -> Any:
@@ -117,16 +177,15 @@ def read_ids(file: str | Path, name: str = "tokens") -> Int[Tensor, "batch pos"]
     if suffix not in SUFFIXES:
         raise QkovError(f"{file}: unknown kind of file (expected one of {', '.join(SUFFIXES)})")
     if suffix == ".npy":
-        try:
-            ids = torch.as_tensor(np.load(file, allow_pickle=False))
-        except (ValueError, OSError, TypeError) as err:
-            raise QkovError(f"{file}: not a readable .npy array ({str(err).splitlines()[0]})") from None
+        ids = _npy(file)
     elif suffix == ".safetensors":
-        ids = _named(read_tensors(file)[0], name, file)
+        ids = _named(read_tensor_file(file)[0], name, file)
     elif suffix == ".jsonl":
         ids = _jsonl(file)
     else:
         ids = _pickled(file, name)
+    if ids.dtype == torch.uint64:  # int64 would wrap ids above 2^63 - 1 to negative ones
+        ids = _as_tensor(ids.numpy(), file)
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise QkovError(f"{file}: token ids must be integers, got dtype {ids.dtype}")
     if ids.ndim not in (1, 2):

@@ -10,15 +10,19 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 import sys
 from pathlib import Path
 
 from qkov.data.user_tokens import given_user_tokens
+from qkov.errors import QkovError
 from qkov.interop import open_model as load
 from qkov.serve.app import create_app
 from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Jobs
+from qkov.sizes import check_weight_magnitudes
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 REQUEST_BYTES = 64 * 2**10  # a request line with the longest text (4000 characters, percent-encoded)
@@ -45,11 +49,34 @@ def build_app(
     :func:`qkov.data.user_tokens.read_user_tokens`) once and build its app: on a loopback
     ``host`` only requests naming a loopback host are served."""
     model = load(checkpoint)
+    check_weight_magnitudes(dict(model.named_parameters()), str(checkpoint))
     data = given_user_tokens(tokens, targets, model.cfg)
     explorer = Explorer(model, Path(checkpoint).name, data)
     jobs = Jobs(cache_bytes=cache_mb * 2**20, workers=workers)
     allowed = list(LOOPBACK_NAMES) if host in LOOPBACK_NAMES else None
     return create_app(explorer, jobs, allowed), jobs
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (as uvicorn binds one), or one line when it cannot be: the
+    port taken by another program, a host that is no address of this machine."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        raise QkovError(f"--host {host}: not an address to listen on ({err})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        busy = (
+            " (another program is using the port: choose another --port)"
+            if err.errno == errno.EADDRINUSE
+            else ""
+        )
+        raise QkovError(f"cannot listen on {host}:{port}: {err.strerror or err}{busy}") from None
+    return sock
 
 
 def serve(
@@ -71,7 +98,12 @@ def serve(
             "authentication (the default --host 127.0.0.1 keeps it on this machine)",
             file=sys.stderr,
         )
-    app, jobs = build_app(checkpoint, host, cache_mb, workers, tokens, targets)
+    sock = listening_socket(host, port)  # before the model loads: a busy port is told at once
+    try:
+        app, jobs = build_app(checkpoint, host, cache_mb, workers, tokens, targets)
+    except BaseException:
+        sock.close()
+        raise
     config = uvicorn.Config(
         app,
         host=host,
@@ -84,7 +116,7 @@ def serve(
     shown = f"[{host}]" if ":" in host else host
     print(f"qkov serve: {Path(checkpoint)} at http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
     try:
-        server.run()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn stops cleanly on Ctrl-C, then usually re-raises it
         pass
     finally:

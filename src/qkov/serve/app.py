@@ -72,6 +72,14 @@ def _guard(app: FastAPI, allowed_hosts: list[str] | None) -> None:
     async def http_error(request, err: HTTPException):
         return error(err.status_code, str(err.detail))
 
+    @app.exception_handler(Exception)
+    async def server_error(request, err: Exception):
+        """A bug in qkov, not bad input: still one line of JSON with the headers (this response
+        bypasses the middleware above); the traceback goes to the server's log."""
+        response = error(500, f"internal error ({type(err).__name__}); see the server's log")
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
 
 def create_app(explorer: Explorer, jobs: Jobs, allowed_hosts: list[str] | None = None) -> FastAPI:
     """The app for one explorer. ``allowed_hosts`` (default: any) refuses requests naming

@@ -191,7 +191,8 @@ class Explorer:
         self.k(k)
         if len(prefix) > MAX_TEXT_CHARS:
             raise QkovError(f"prefix longer than {MAX_TEXT_CHARS} characters")
-        if prefix.startswith("#") and prefix[1:].isdigit():
+        number = prefix[1:]  # ASCII digits only: "²" and "١" are digits to str.isdigit, not to int
+        if prefix.startswith("#") and number.isascii() and number.isdecimal():
             token = self.token(int(prefix[1:]))
             return {"prefix": prefix, "matches": [{"id": token, "str": self.strings[token]}], "more": False}
         exact = [i for i, s in enumerate(self.strings) if s.startswith(prefix)]

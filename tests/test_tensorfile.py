@@ -1,0 +1,57 @@
+"""Checksummed, reproducible safetensors files."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from qkov.errors import QkovError
+from qkov.tensorfile import CHECKSUM_KEY, read_tensor_file, tensors_checksum, write_tensors
+
+TENSORS = {
+    "b": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+    "a": torch.ones(5, dtype=torch.bfloat16),
+    "c": torch.zeros(0, 2),
+}
+
+
+def test_a_written_file_reads_back_checked_and_is_the_same_bytes_each_time(tmp_path):
+    meta = {f"key{i}": str(i) for i in range(20)}  # a map the writer orders differently each run
+    write_tensors(tmp_path / "x.safetensors", TENSORS, meta)
+    write_tensors(tmp_path / "y.safetensors", dict(reversed(TENSORS.items())), dict(reversed(meta.items())))
+    assert (tmp_path / "x.safetensors").read_bytes() == (tmp_path / "y.safetensors").read_bytes()
+    tensors, metadata = read_tensor_file(tmp_path / "x.safetensors")
+    assert metadata[CHECKSUM_KEY] == tensors_checksum(TENSORS) and metadata["key3"] == "3"
+    assert all(torch.equal(tensors[n], TENSORS[n]) for n in TENSORS)
+    assert load_file(str(tmp_path / "x.safetensors")).keys() == TENSORS.keys()  # still plain safetensors
+
+
+def test_flipped_bytes_are_caught_and_a_file_without_a_checksum_is_read(tmp_path):
+    file = tmp_path / "x.safetensors"
+    write_tensors(file, TENSORS)
+    data = bytearray(file.read_bytes())
+    data[-10] ^= 1
+    file.write_bytes(bytes(data))
+    with pytest.raises(QkovError, match="do not match the checksum") as info:
+        read_tensor_file(file)
+    assert "\n" not in str(info.value)
+    save_file(TENSORS, str(tmp_path / "plain.safetensors"))
+    assert read_tensor_file(tmp_path / "plain.safetensors")[1] == {}
+
+
+def test_the_checksum_sees_names_shapes_and_dtypes():
+    base = tensors_checksum({"w": torch.zeros(2, 3)})
+    assert base != tensors_checksum({"v": torch.zeros(2, 3)})
+    assert base != tensors_checksum({"w": torch.zeros(3, 2)})
+    assert base != tensors_checksum({"w": torch.zeros(2, 3, dtype=torch.int32)})
+
+
+def test_a_path_that_is_not_utf8_reads_back(tmp_path):
+    folder = os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9")
+    os.mkdir(folder)
+    write_tensors(os.path.join(folder, "m.safetensors"), TENSORS)
+    tensors, _ = read_tensor_file(os.path.join(folder, "m.safetensors"))
+    assert torch.equal(tensors["b"], TENSORS["b"])
