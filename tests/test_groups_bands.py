@@ -111,3 +111,24 @@ def test_neurons_of_a_model_with_fewer_tokens_than_a_list():
     model = model_of(n_layers=1, d_mlp=6, d_vocab=5, d_vocab_out=2, positional_embedding="standard")
     found = neuron_analysis(model)
     assert len(found.layers[0].neurons[0].excited_by) == 5 and len(found.layers[0].neurons[0].raises) == 2
+
+
+def test_the_position_free_part_is_the_same_at_every_offset():
+    """A partially rotary head's QK circuit at any offset minus its rotating planes' part is the
+    position-free circuit; in a model without rotation it is the whole circuit."""
+    import qkov
+
+    model = model_of(rotary_dim=4)
+    free = qkov.position_free_qk_circuit(model).AB
+    rotating = slice(0, 4)
+    for offset in (0, 3, 17):
+        attn = model.blocks[1].attn
+        whole = attn.W_Q @ rotation(model.cfg, offset, 1) @ attn.W_K.mT
+        planes = (
+            attn.W_Q[..., rotating]
+            @ rotation(model.cfg, offset, 1)[rotating, rotating]
+            @ attn.W_K[..., rotating].mT
+        )
+        assert torch.allclose(whole - planes, free[1], atol=1e-10)
+    plain = model_of(positional_embedding="standard")
+    assert torch.allclose(qkov.position_free_qk_circuit(plain).AB, qkov.qk_circuit(plain).AB, atol=1e-12)

@@ -60,7 +60,7 @@ from qkov.circuits.qk_ov import (
     shared_full_ov_circuit,
     shared_full_qk_circuit,
 )
-from qkov.circuits.rotary_bands import RotaryBands, rotary_bands
+from qkov.circuits.rotary_bands import RotaryBands, position_free_qk_circuit, rotary_bands
 from qkov.circuits.spectra import HeadSpectrum, head_spectra
 from qkov.config import Config
 from qkov.errors import QkovError
@@ -104,6 +104,7 @@ __all__ = [
     "group_similarity",
     "GroupSimilarity",
     "open_model",
+    "position_free_qk_circuit",
     "rotary_bands",
     "RotaryBands",
     "frozen_patterns",

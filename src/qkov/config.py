@@ -262,6 +262,11 @@ class Config:
         """Whether the residual stream is normalised (``LN`` or ``LNPre``) before it is read."""
         return self.normalization != "none"
 
+    def __repr__(self) -> str:
+        """The fields, without the newer architectures' options that keep their defaults (as
+        :meth:`to_dict`), so that a paper model prints as it always did."""
+        return f"Config({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
+
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON values; the options of the newer architectures only when set, so that a
         paper model's ``config.json`` reads as it always did."""

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from qkov.interop.fold import ANALYSIS_OFFSETS, circuit_model
+from qkov.linalg import FactoredMatrix
 from qkov.model import Transformer
 from qkov.names import head_name
 from qkov.rotary import frequencies, plane_index, rotary_dim
@@ -95,3 +96,19 @@ def rotary_bands(model: Transformer) -> RotaryBands:
                 )
             )
     return RotaryBands(wavelengths, heads)
+
+
+def position_free_qk_circuit(model: Transformer) -> FactoredMatrix:
+    """Every head's QK circuit through the dimensions that do not rotate (a partially rotary head's,
+    GPT-NeoX's and Phi's): ``W_Q[:, f] W_K[:, f]^T``, ``[n_layers, n_heads, d_model, d_model]``, the
+    part of the scores that is the same at every offset, exactly (gains and the attention scale
+    in, as :func:`qkov.qk_circuit`; the paper's ``W_Q^T W_K`` restricted to those dimensions). Zero
+    for a fully rotary head; for a model without rotary positions, its whole QK circuit."""
+    cfg = model.cfg
+    view = circuit_model(model, range(0, 1))
+    free = (
+        slice(rotary_dim(cfg), cfg.d_head) if cfg.positional_embedding == "rotary" else slice(0, cfg.d_head)
+    )
+    W_Q = torch.stack([block.attn.W_Q.detach()[..., free] for block in view.blocks])
+    W_K = torch.stack([block.attn.W_K.detach()[..., free] for block in view.blocks])
+    return FactoredMatrix(W_Q, W_K.mT)
