@@ -92,7 +92,8 @@ def main() -> None:
     cases = CASES.items() if args.transformer_lens else family_configs()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     source = "TransformerLens" if args.transformer_lens else "transformers"
-    columns = ["option" if args.transformer_lens else "family", "imports", f"log-prob vs {source}", "attention", "steps run",
+    first = "option" if args.transformer_lens else "family"
+    columns = [first, "imports", f"log-prob vs {source}", "attention", "steps run",
                "not exact under a feature; other skips", "time"]  # fmt: skip
     print("| " + " | ".join(columns) + " |")
     print("|---|---|---|---|---|---|---|")
