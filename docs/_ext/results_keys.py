@@ -17,6 +17,8 @@ FIRST = ("Reproduction", "Results")
 
 def type_text(schema: dict) -> str:
     """A JSON Schema type as a reader says it: ``list of [HeadCopying](#headcopying)``."""
+    if isinstance(schema, bool):  # ``true``: any value (an object of free-form values, rotary_scaling's)
+        return "any"
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[-1]
         return f"[{name}](#{name.lower()})"
