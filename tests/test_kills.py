@@ -95,3 +95,37 @@ def test_a_training_run_killed_mid_write_resumes_and_cleans_up(tmp_path, tiny_co
     assert temporaries(out) == []
     every_visible_file_is_whole(out)
     assert os.path.exists(out / "training_state.safetensors")
+
+
+@pytest.mark.slow
+def test_a_series_killed_mid_write_continues_and_cleans_up(tmp_path):
+    """``qkov series`` rewrites series.jsonl atomically after each checkpoint: killed at its first
+    write, the rerun continues from the rows kept and removes the leftover temporary."""
+    from test_series import TOKENS_PER_STEP, gentle_induction_model, untrained, write_series
+
+    end = gentle_induction_model()
+    write_series(tmp_path / "two", untrained(end.cfg), end)
+    out = tmp_path / "out"
+    argv = ["series", str(tmp_path / "two"), "--out", str(out), "--tokens-per-step", str(TOKENS_PER_STEP),
+            "--eval-tokens", "2048", "--quiet", "--threads", "1"]  # fmt: skip
+    assert kill_at_first_temporary(argv, out)
+    every_visible_file_is_whole(out)
+    rerun(argv)
+    assert temporaries(out) == []
+    every_visible_file_is_whole(out)
+    assert load_results(out / "results.json").phase_change is not None
+
+
+@pytest.mark.slow
+def test_a_reproduction_killed_mid_write_resumes_and_cleans_up(tmp_path, tiny_corpus):
+    """``qkov reproduce --quick`` killed at its first write (a model's first checkpoint) leaves
+    whole files; the rerun resumes, finishes and removes the leftover temporary."""
+    out = tmp_path / "reproduce"
+    argv = ["reproduce", "--quick", "--out", str(out), "--corpus", str(tiny_corpus), "--threads", "1"]
+    assert kill_at_first_temporary(argv, out)
+    for folder in [out, *(p for p in out.iterdir() if p.is_dir())]:
+        every_visible_file_is_whole(folder)
+    rerun(argv)
+    assert temporaries(out) == []
+    every_visible_file_is_whole(out)
+    assert len(load_results(out / "results.json").claims) == 9

@@ -49,7 +49,7 @@ from qkov.evaluation import EVAL_TOKENS, EvaluationInputs, evaluate, evaluation_
 from qkov.interop.mapping import from_weights
 from qkov.interop.source import WEIGHT_SUFFIXES
 from qkov.interop.transformer_lens import from_transformer_lens
-from qkov.io import atomic_write_text, read_json
+from qkov.io import atomic_write_text, read_json, remove_stale_temporaries
 from qkov.machine import compute_device
 from qkov.model import Transformer
 from qkov.results import Results
@@ -256,6 +256,8 @@ def claim_folder(out: Path, settings: dict[str, Any]) -> None:
                 f"{settings.get(key)!r}); use another --out, or the same settings to continue it"
             )
         return
+    if out.is_dir():
+        remove_stale_temporaries(out)  # a series killed while writing its settings left only these
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise QkovError(f"{out}: exists and holds no checkpoint series; choose another --out")
     atomic_write_text(file, json.dumps(settings, indent=1) + "\n")
