@@ -85,3 +85,20 @@ def test_deeply_nested_or_huge_json_is_one_line(tmp_path):
     for name, words in (("deep.json", "nested too deeply"), ("digits.json", "4300 digits")):
         with pytest.raises(QkovError, match=words):
             read_json(tmp_path / name)
+
+
+def test_a_full_disk_is_one_line_and_leaves_the_file_as_it_was(tmp_path):
+    """The environment failing under a write (ENOSPC from the filesystem) is one line naming the
+    file, the old file untouched and no temporary left (it was a traceback)."""
+    import errno
+
+    target = tmp_path / "report.html"
+    target.write_text("old")
+
+    def full(tmp):
+        tmp.write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(QkovError, match=r"report.html: could not be written \(No space left on device\)"):
+        atomic_write(target, full)
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]

@@ -78,6 +78,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:  # the disk full, the folder gone or unwritable: the environment, in one line
+        Path(tmp).unlink(missing_ok=True)
+        raise QkovError(f"{path}: could not be written ({err.strerror or err}); it is as it was") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
