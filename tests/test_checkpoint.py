@@ -248,3 +248,18 @@ def test_flipped_bytes_in_saved_weights_are_refused_not_loaded(tmp_path):
         qkov.load(folder)
     save_file({n: p.detach() for n, p in model.named_parameters()}, str(weights))  # another writer's file
     assert torch.equal(qkov.load(folder).W_E, model.W_E)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_half_precision_and_float8_weights_load_and_compute_in_float32(tmp_path, dtype):
+    """A checkpoint saved in bfloat16, float16 or float8 loads (float8 crashed ``info``, half precision
+    ``analyze``: no QR kernel) as a float32 model holding exactly the stored values."""
+    from safetensors.torch import save_file
+
+    model = qkov.AttnOnlyTransformer(qkov.Config(1, 2, 8, 4, 20, 8))
+    folder = qkov.save(model, tmp_path / "c")
+    stored = {n: p.detach().to(dtype) for n, p in model.named_parameters()}
+    save_file(stored, str(folder / "model.safetensors"))
+    loaded = qkov.load(folder)
+    assert loaded.W_E.dtype == torch.float32 and torch.equal(loaded.W_E, stored["W_E"].float())
+    assert qkov.copying_analysis(loaded).heads  # eigenvalues: float32 kernels
