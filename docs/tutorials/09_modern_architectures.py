@@ -124,12 +124,11 @@ torch.tensor(group.ov)
 # ## Every analysis, or a line saying why not
 #
 # `qkov.analyze` runs every step; the results say which offset the QK circuits use and which steps do
-# not apply (here: no corpus, no task data, and nothing that this model's features make inexact).
+# not apply (here: no corpus, no task data, more than one layer; nothing that this model's features
+# make inexact).
 
 # %%
-from qkov.analyze import analyze  # noqa: E402
-
-results = analyze(model, show_progress=False)
+results = qkov.analyze(model, show_progress=False)
 for note in results.circuit_notes:
     print("-", note)
 print(results.skipped)
