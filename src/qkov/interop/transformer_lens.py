@@ -211,7 +211,9 @@ def _config_and_weights(hooked: Any) -> tuple[dict[str, Any], dict[str, torch.Te
     """A ``HookedTransformer``'s or a ``TransformerBridge``'s ``cfg.to_dict()``, its weights in
     TransformerLens' names and shapes, and what to call it in errors."""
     if is_transformer_bridge(hooked):
-        return (*bridge_state(hooked), "TransformerBridge")
+        config, state = bridge_state(hooked)
+        _check_bridge(config, "TransformerBridge config")
+        return config, state, "TransformerBridge"
     try:
         config, state = dict(hooked.cfg.to_dict()), dict(hooked.state_dict())
     except AttributeError:
@@ -321,6 +323,30 @@ def transformer_lens_options(data: dict) -> dict[str, Any]:
         attention_dir=data.get("attention_dir", "causal"),
     )
     return options | (_tl_rotary(data) if data.get("positional_embedding_type") == "rotary" else {})
+
+
+# A TransformerLens 4 bridge's weights come through its own conversion (``bridge_state``), checked
+# against its forward for learned positions and LayerNorm only (with rotary positions or RMSNorm its
+# import differed by order one): the newer options are read from TransformerLens 3 objects and their
+# folders, and refused from a bridge (read or saved) until that path is checked.
+_BRIDGE_UNCHECKED = (
+    ("positional_embedding_type", lambda v: v not in ("standard", "shortformer"), "these positions"),
+    ("normalization_type", lambda v: v not in (None, "LN", "LNPre"), "this normalization"),
+    ("n_key_value_heads", lambda v: v is not None, "grouped-query attention"),
+    ("gated_mlp", bool, "a gated MLP"),
+    ("parallel_attn_mlp", bool, "parallel attention and MLP"),
+    ("use_qk_norm", bool, "query and key norms"),
+    ("use_normalization_before_and_after", bool, "norms after each sublayer"),
+)
+
+
+def _check_bridge(data: dict, where: str) -> None:
+    for key, unchecked, feature in _BRIDGE_UNCHECKED:
+        if key in data and unchecked(data[key]):
+            raise QkovError(
+                f"{where}: {feature} is not supported from a TransformerBridge yet ({key}={data[key]!r}); "
+                "TransformerLens 3's HookedTransformer of the model, or its folder, is read"
+            )
 
 
 def _cap(value: Any) -> float | None:
