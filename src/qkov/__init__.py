@@ -1,4 +1,5 @@
-"""qkov: read the algorithms of small attention-only transformers straight off their weights.
+"""qkov: read the algorithms of transformers (the paper's attention-only models, GPT-2, and today's
+open-weight families) straight off their weights.
 
 An implementation of "A Mathematical Framework for Transformer Circuits" (Elhage, Nanda, Olsson et
 al., Anthropic, 2021). Conventions: qkov uses row vectors and TransformerLens weight names, so a head writes
