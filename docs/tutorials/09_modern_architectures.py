@@ -123,12 +123,14 @@ torch.tensor(group.ov)
 # %% [markdown]
 # ## Every analysis, or a line saying why not
 #
-# `qkov.analyze` runs every step; the results say which offset the QK circuits use and which steps do
+# `analyze` (from `qkov.analyze`) runs every step; the results say which offset the QK circuits use and which steps do
 # not apply (here: no corpus, no task data, more than one layer; nothing that this model's features
 # make inexact).
 
 # %%
-results = qkov.analyze(model, show_progress=False)
+from qkov.analyze import analyze  # noqa: E402
+
+results = analyze(model, show_progress=False)
 for note in results.circuit_notes:
     print("-", note)
 print(results.skipped)

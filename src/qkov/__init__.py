@@ -12,7 +12,6 @@ circuit ``W_E W_V W_O W_U`` the paper's ``W_U W_OV W_E``. Each docstring gives b
 from importlib.metadata import version as _version
 
 from qkov import interop, view
-from qkov.analyze import analyze
 from qkov.checkpoint import load, save
 from qkov.circuits.attribution import ScoreParts, score_attribution, score_parts
 from qkov.circuits.attribution_patching import attribution_patching
@@ -94,7 +93,6 @@ __all__ = [
     "TermImportance",
     "Transformer",
     "TopK",
-    "analyze",
     "compare_copying",
     "composition_baseline",
     "composition_scores",
