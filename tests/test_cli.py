@@ -306,3 +306,22 @@ def test_weights_of_3e38_are_refused_by_analyze_not_a_traceback(capsys, tmp_path
     code, _, err = run(capsys, "analyze", str(folder), "--out", str(tmp_path / "o"), "--quiet")
     assert_one_line_error(code, err, "tensor W_E has a value of magnitude 3e+38, above 1e+06")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_full_disk_under_analyze_is_one_line_not_a_traceback(capsys, tmp_path, monkeypatch):
+    """The filesystem refusing a write (ENOSPC, as a full disk does) after the analysis: one line
+    naming the file and exit 2; nothing half-written is left."""
+    import errno
+
+    import qkov.io
+
+    folder = tiny_checkpoint(tmp_path / "c")
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(qkov.io.os, "replace", full)
+    code, _, err = run(capsys, "analyze", str(folder), "--out", str(tmp_path / "out"), "--quiet")
+    assert_one_line_error(code, err, "could not be written (No space left on device)")
+    out = tmp_path / "out"
+    assert not out.exists() or not any(out.iterdir())

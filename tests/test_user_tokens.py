@@ -186,3 +186,17 @@ def test_a_pickled_flat_list_is_one_row_and_a_list_of_odd_things_is_one_line(tmp
     torch.save([5, "x"], tmp_path / "odd.pt")
     with pytest.raises(qkov.QkovError, match="rows of token ids expected, found a int"):
         read_ids(tmp_path / "odd.pt")
+
+
+def test_a_big_endian_npy_file_reads_as_its_values(tmp_path):
+    """Found by the fuzzing suite: ``.npy`` ids stored big-endian (``>i8``) were a ValueError
+    traceback (torch converts native byte order only)."""
+    import numpy as np
+
+    from qkov.data.user_tokens import read_user_tokens
+
+    ids = np.array([[1, 2, 3, 4]], dtype=">i8")
+    np.save(tmp_path / "tokens.npy", ids)
+    cfg = qkov.Config(n_layers=1, n_heads=1, d_model=4, d_head=4, d_vocab=10, n_ctx=8)
+    tokens = read_user_tokens(tmp_path / "tokens.npy", None, cfg)
+    assert tokens.tokens.tolist() == [[1, 2, 3, 4]]

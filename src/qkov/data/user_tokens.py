@@ -140,6 +140,8 @@ def _as_tensor(array: np.ndarray, file: Path) -> Tensor:
             f"{file}: token id {int(array.reshape(-1)[flat])} at index {tuple(int(i) for i in where)} "
             "does not fit in 64-bit signed integers"
         )
+    if not array.dtype.isnative:  # a big-endian .npy (written on another machine): torch reads native only
+        array = array.astype(array.dtype.newbyteorder("="))
     try:
         return torch.as_tensor(array)
     except TypeError as err:
