@@ -231,8 +231,21 @@ def test_the_k_composition_claim_needs_k_to_stand_out(models):
         assert k_composition_claim(replace(two, repeated_tokens=elsewhere)).verdict == FAILS
 
 
-def with_marginal(r: Results, first: float, second: float) -> Results:
-    return replace(r, term_importance=replace(r.term_importance, marginal=[first, second]))
+def with_marginal(r: Results, first: float, second: float, scatter: float = 0.0) -> Results:
+    """Term importance whose orders reduce the loss by ``first`` and ``second`` nats on average over
+    four sequences, each sequence's second-order reduction off by ``scatter`` times -1.5 ... 1.5."""
+    offsets = [scatter * k for k in (-1.5, -0.5, 0.5, 1.5)]
+    zero = [5.0] * 4
+    one = [5.0 - first] * 4
+    two = [b - second - d for b, d in zip(one, offsets)]
+    t = replace(
+        r.term_importance,
+        loss_by_order=[5.0, 5.0 - first, 5.0 - first - second],
+        marginal=[first, second],
+        loss_by_order_by_sequence=[zero, one, two],
+        scored_by_sequence=[100] * 4,
+    )
+    return replace(r, term_importance=t)
 
 
 def test_the_virtual_head_claim_fails_when_second_order_terms_matter(models):
@@ -242,6 +255,18 @@ def test_the_virtual_head_claim_fails_when_second_order_terms_matter(models):
     assert virtual_head_claim(with_marginal(two, 2.0, 1.0)).verdict == FAILS
     assert virtual_head_claim(with_marginal(two, 2.0, -0.8)).verdict == FAILS  # large either way
     assert virtual_head_claim(with_marginal(two, -1.0, 0.0)).verdict == FAILS  # first order does not help
+
+
+def test_the_virtual_head_claim_carries_the_scatter_over_sequences(models):
+    """A share just under the threshold holds when the sequences agree and is undetermined when they
+    scatter; the error is the ratio's over the four sequences: each sequence's second order is off
+    the ratio by ``d``, so it is ``sqrt(4/3 * sum((100 d)^2)) / (4 * 100 * 2.0)``."""
+    two = models["2-layer"]
+    precise = virtual_head_claim(with_marginal(two, 2.0, 0.44, scatter=0.001))
+    assert precise.verdict == HOLDS and precise.error == pytest.approx(0.001 * (4 / 3 * 5e4) ** 0.5 / 800)
+    noisy = virtual_head_claim(with_marginal(two, 2.0, 0.44, scatter=0.2))
+    assert noisy.verdict == UNDETERMINED and noisy.interval[0] < 0.25 < noisy.interval[1]
+    assert "over the 4 sequences" in noisy.note
 
 
 # -- the table -----------------------------------------------------------------------------------

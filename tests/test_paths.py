@@ -156,6 +156,27 @@ def test_term_importance_equals_the_loss_of_path_sums_by_order(n_layers, biases)
         )
 
 
+def test_term_importance_keeps_each_sequences_loss_by_order():
+    """The per-sequence losses are each sequence's own cross-entropy with the paths up to each order
+    kept, and ``loss_by_order`` their mean weighted by the tokens scored; a sequence whose targets
+    are all ignored is left out (with targets, a task's own)."""
+    model = float64_model(2, seed=5)
+    tokens = tokens_for(model, batch=3)
+    result = qkov.term_importance(model, tokens)
+    terms = qkov.path_expansion(model, tokens)
+    for order in range(3):
+        kept = sum(t for p, t in terms.items() if len(p) <= order)
+        each = [ce(kept[i : i + 1], tokens[i : i + 1]) for i in range(3)]
+        assert result.loss_by_order_by_sequence[order] == pytest.approx(each, rel=1e-10)
+    assert result.scored_by_sequence == [tokens.shape[1] - 1] * 3
+    targets = torch.full_like(tokens, -100)
+    targets[0, -1], targets[2, 2:5] = tokens[0, 0], tokens[2, 1:4]
+    masked = qkov.term_importance(model, tokens, targets=targets)
+    assert masked.scored_by_sequence == [1, 3]
+    by_sequence = np.array(masked.loss_by_order_by_sequence)
+    assert by_sequence @ np.array([1, 3]) / 4 == pytest.approx(masked.loss_by_order, rel=1e-12)
+
+
 def test_term_importance_needs_two_tokens():
     model = float64_model(1)
     with pytest.raises(qkov.QkovError, match="at least 2 tokens"):

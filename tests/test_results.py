@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qkov.analyze import analyze
@@ -106,6 +107,10 @@ def without_later_keys(old: dict) -> dict:
         assert old["repeated_tokens"].pop("bos_token_id") is None
     for effect in old["ablation"] or []:
         assert effect.pop("start") == 0
+    if old["term_importance"]:  # each sequence's loss by order, for the standard errors
+        by_sequence = np.array(old["term_importance"].pop("loss_by_order_by_sequence"))
+        scored = np.array(old["term_importance"].pop("scored_by_sequence"))
+        assert by_sequence @ scored / scored.sum() == pytest.approx(old["term_importance"]["loss_by_order"])
     return old
 
 

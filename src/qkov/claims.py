@@ -19,7 +19,16 @@ from qkov.circuits.copying import DIAGONAL_Z_THRESHOLD
 from qkov.circuits.heads import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD
 from qkov.circuits.phase_change import CONTROL_SHARE, MAX_WINDOW_DECADES, MOST_OF_CHANGE, describe
 from qkov.circuits.skip_trigrams import SkipTrigram
-from qkov.numbers import FAILS, HOLDS, UNDETERMINED, VERDICTS, all_of, decide, z_interval
+from qkov.numbers import (
+    FAILS,
+    HOLDS,
+    UNDETERMINED,
+    VERDICTS,
+    all_of,
+    decide,
+    weighted_ratio_se,
+    z_interval,
+)
 from qkov.results import Claim, Results
 
 BIGRAM_CORRELATION = 0.5  # log P(next | current): the direct path against the corpus
@@ -298,20 +307,36 @@ def k_composition_claim(two: Results) -> Claim:
 
 
 def virtual_head_claim(two: Results) -> Claim:
+    """The share ``|second order| / first order`` of the loss reductions, its standard error over
+    the sequences term importance scored (the delta method on the ratio of their token-weighted
+    means, :func:`~qkov.numbers.weighted_ratio_se`)."""
     t = two.term_importance
     assert t is not None
     first, second = t.marginal[0], t.marginal[1]
     share = abs(second) / first if first > 0 else math.inf
+    error = None
+    if math.isfinite(share) and len(t.scored_by_sequence) >= 2:
+        zero, one, two_ = t.loss_by_order_by_sequence[:3]
+        first_rows = [a - b for a, b in zip(zero, one, strict=True)]
+        second_rows = [a - b for a, b in zip(one, two_, strict=True)]
+        error = weighted_ratio_se(second_rows, first_rows, t.scored_by_sequence)
+    shown = f"{share:.1%}" + (f" ± {error:.1%}" if error is not None else "")
     return Claim(
         "Second-order (virtual head) terms matter little",
         "Term importance: most of the loss reduction comes from the direct path and first-order terms.",
         f"on {t.tokens}: loss {' → '.join(f'{x:.3f}' for x in t.loss_by_order)} for paths up to order 0, 1, "
-        f"2; first order reduces it by {first:.3f} nats, second order by {second:.3f} ({share:.1%})",
+        f"2; first order reduces it by {first:.3f} nats, second order by {second:.3f} ({shown})",
         f"the second order's loss reduction is below {SECOND_ORDER_SHARE:.0%} of the first order's",
-        decide(SECOND_ORDER_SHARE - share, None) if math.isfinite(share) else FAILS,
+        decide(SECOND_ORDER_SHARE - share, error) if math.isfinite(share) else FAILS,
         figure=share if math.isfinite(share) else None,
+        error=error,
+        interval=z_interval(share, error) if math.isfinite(share) else None,
         threshold=SECOND_ORDER_SHARE,
-        note="error not measured: term importance keeps one mean loss per order",
+        note=(
+            f"error: over the {len(t.scored_by_sequence)} sequences scored, as independent units"
+            if error is not None
+            else "error not measured: fewer than two sequences scored"
+        ),
     )
 
 

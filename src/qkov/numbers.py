@@ -4,6 +4,7 @@ whose OV circuit is zero has no copying score) is ``None`` in a result and ``nul
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 
 def finite(x: float) -> float | None:
@@ -48,3 +49,28 @@ def all_of(*verdicts: str) -> str:
 def z_interval(figure: float, error: float | None, z: float = 1.96) -> tuple[float, float] | None:
     """``figure ± z * error`` (95% by default), or None without an error."""
     return None if error is None else (figure - z * error, figure + z * error)
+
+
+# -- standard errors over independent units (sequences, windows) ------------------------------------
+def weighted_mean_se(values: Sequence[float], weights: Sequence[float]) -> float | None:
+    """The standard error of the weighted mean ``sum(w v) / sum(w)`` over independent units (e.g.
+    each sequence's mean loss, weighted by its scored tokens): the ratio estimator's linearization
+    ``sqrt(n / (n - 1) * sum(w_i^2 (v_i - mean)^2)) / sum(w)``; None with fewer than two units."""
+    return weighted_ratio_se(values, [1.0] * len(values), weights)
+
+
+def weighted_ratio_se(
+    numerator: Sequence[float], denominator: Sequence[float], weights: Sequence[float]
+) -> float | None:
+    """The standard error of ``R = sum(w a) / sum(w b)`` over independent units ``i`` with values
+    ``a_i``, ``b_i`` and weights ``w_i`` (the delta method: ``R``'s linearization is
+    ``sum(w_i (a_i - R b_i)) / sum(w b)``, whose variance is estimated from the units' scatter,
+    ``sqrt(n / (n - 1) * sum(w_i^2 (a_i - R b_i)^2)) / |sum(w b)|``); None with fewer than two
+    units or a zero denominator."""
+    n = len(weights)
+    below = sum(w * b for w, b in zip(weights, denominator, strict=True))
+    if n < 2 or below == 0:
+        return None
+    ratio = sum(w * a for w, a in zip(weights, numerator, strict=True)) / below
+    spread = sum((w * (a - ratio * b)) ** 2 for w, a, b in zip(weights, numerator, denominator, strict=True))
+    return math.sqrt(n / (n - 1) * spread) / abs(below)

@@ -29,7 +29,7 @@ not what the path would do if the rest of the model changed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from einops import einsum
@@ -246,7 +246,11 @@ class TermImportance:
     is what order ``n`` adds (``loss_by_order[n - 1] - loss_by_order[n]``, positive when it
     helps). ``first_order_by_layer[l]`` and ``first_order_by_head[l][h]`` are the loss reduction
     when the first-order terms of layer ``l`` (or of one head) are added to the direct path.
-    ``tokens`` says what they were measured on.
+    ``tokens`` says what they were measured on. ``loss_by_order_by_sequence[n][i]`` is
+    ``loss_by_order[n]`` on sequence ``i`` alone, which scores ``scored_by_sequence[i]`` tokens (the
+    sequences with any): the units over which a figure's standard error is taken
+    (:func:`qkov.numbers.weighted_ratio_se`), ``loss_by_order[n]`` being their mean weighted by
+    the tokens scored.
     """
 
     loss_by_order: list[float]
@@ -254,12 +258,15 @@ class TermImportance:
     first_order_by_layer: list[float]
     first_order_by_head: list[list[float]]
     tokens: str
+    loss_by_order_by_sequence: list[list[float]] = field(default_factory=list)
+    scored_by_sequence: list[int] = field(default_factory=list)
 
 
 UNEMBED_ROWS = 1024  # rows of logits at a time in each order's loss: 206 MB at 50257 outputs
 
-# What term importance scores: the ``targets`` given (or None) and each scored row's target.
-_Scored = tuple[Tensor | None, Int[Tensor, " rows"]]
+# What term importance scores: the ``targets`` given (or None), each scored row's target and the
+# sequence it belongs to.
+_Scored = tuple[Tensor | None, Int[Tensor, " rows"], Int[Tensor, " rows"]]
 
 
 def _rows(x: Tensor, targets: Tensor | None) -> Tensor:
@@ -269,29 +276,34 @@ def _rows(x: Tensor, targets: Tensor | None) -> Tensor:
     return (x[:, :-1] if targets is None else x).flatten(0, 1)
 
 
-def _target_rows(tokens: Int[Tensor, "batch pos"], targets: Tensor | None) -> Tensor:
-    """What each of :func:`_rows`' rows is scored against (``IGNORE``: nothing)."""
-    return tokens[:, 1:].flatten() if targets is None else targets.flatten()
+def _scored(tokens: Int[Tensor, "batch pos"], targets: Tensor | None) -> _Scored:
+    """What each of :func:`_rows`' rows is scored against (``IGNORE``: nothing), and its sequence."""
+    wanted = tokens[:, 1:].flatten() if targets is None else targets.flatten()
+    sequence = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(
+        len(wanted) // len(tokens)
+    )
+    return targets, wanted, sequence
 
 
-def _target_loss(
+def _sequence_losses(
     model: AttnOnlyTransformer,
     frozen: Frozen,
     resid: Float[Tensor, "batch pos d_model"],
     scored: _Scored,
     buffer: Float[Tensor, "rows d_out"],
-) -> float:
-    """The mean cross-entropy of ``resid``'s logits (the final LayerNorm's scale frozen) against the
-    scored rows' targets (:func:`_rows`; ``IGNORE`` rows left out), ``UNEMBED_ROWS`` rows at a time:
+) -> Float[Tensor, " batch"]:
+    """Each sequence's summed cross-entropy (float64) of ``resid``'s logits (the final LayerNorm's
+    scale frozen) against the scored rows' targets (:func:`_rows`; ``IGNORE`` rows left out),
+    ``UNEMBED_ROWS`` rows at a time:
     each a whole-vocabulary product (a smaller chunk would read all of ``W_U`` again for few rows),
     into ``buffer`` (as many rows: a fresh 200 MB of logits would cost its page faults each time),
     its ``logsumexp`` taken in place."""
-    targets, wanted = scored
+    targets, wanted, sequence = scored
     final = _affine_read(model.ln_final, frozen.scales.get(norm_name(None, "ln_final")), resid)
     final = _rows(final, targets)
     kept = wanted != IGNORE
-    final, wanted = final[kept], wanted[kept]
-    total = torch.zeros((), dtype=torch.float64, device=final.device)
+    final, wanted, sequence = final[kept], wanted[kept], sequence[kept]
+    total = torch.zeros(len(resid), dtype=torch.float64, device=final.device)
     for first in range(0, len(final), UNEMBED_ROWS):
         rows = final[first : first + UNEMBED_ROWS]
         logits = torch.matmul(rows, model.W_U, out=buffer[: len(rows)])
@@ -300,8 +312,8 @@ def _target_loss(
         chosen = logits.gather(1, wanted[first : first + UNEMBED_ROWS, None])[:, 0]
         _, sums, top = shifted_exp_(logits)
         lse = sums[:, 0].log_() + top[:, 0]
-        total += (lse - chosen).sum(dtype=torch.float64)
-    return float(total / len(final))
+        total.index_add_(0, sequence[first : first + UNEMBED_ROWS], (lse - chosen).double())
+    return total
 
 
 def _head_writes(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream: Tensor) -> Tensor:
@@ -519,17 +531,17 @@ def term_importance(
         frozen = freeze(model, tokens)
         start, _ = model.embed(tokens)
 
-        scored = (targets, _target_rows(tokens, targets))
+        scored = _scored(tokens, targets)
         rows = min(UNEMBED_ROWS, len(scored[1]))
         buffer = torch.empty(rows, model.W_U.shape[1], dtype=model.W_U.dtype, device=model.device)
         base, inputs, writes = _rerun(model, frozen, start, None)
         first_inputs = inputs
-        losses = [_target_loss(model, frozen, base, scored, buffer)]
+        losses = [_sequence_losses(model, frozen, base, scored, buffer)]
         for order in range(1, model.cfg.n_layers + 1):
             # A layer's stream holds paths through at most as many heads as layers before it, so
             # run n's layers below n - 1 read exactly what run n - 1's did: their writes are kept.
             resid, inputs, writes = _rerun(model, frozen, start, inputs, writes[: order - 1])
-            losses.append(_target_loss(model, frozen, resid, scored, buffer))
+            losses.append(_sequence_losses(model, frozen, resid, scored, buffer))
         by_layer, by_head = [], []
         direct = _Direct.of(_rows(_unembed_affine(model, frozen, base), targets), scored[1])
         width = model.cfg.n_heads * model.cfg.d_head
@@ -538,12 +550,30 @@ def term_importance(
             whole, heads = _first_order(model, frozen, layer, first_inputs[layer], direct, scored, through)
             by_layer.append(whole)
             by_head.append(heads)
+    return _importance(losses, scored, by_layer, by_head, described)
+
+
+def _importance(
+    sums: list[Float[Tensor, " batch"]],
+    scored: _Scored,
+    by_layer: list[float],
+    by_head: list[list[float]],
+    described: str,
+) -> TermImportance:
+    """:class:`TermImportance` from each order's per-sequence loss sums: each order's loss is their
+    total over every scored token, and each sequence's mean is kept for the standard errors."""
+    _, wanted, sequence = scored
+    counts = torch.bincount(sequence[wanted != IGNORE], minlength=len(sums[0])).to(sums[0])
+    losses = [float(s.sum() / counts.sum()) for s in sums]
+    some = counts > 0
     return TermImportance(
         loss_by_order=losses,
         marginal=[losses[n - 1] - losses[n] for n in range(1, len(losses))],
         first_order_by_layer=by_layer,
         first_order_by_head=by_head,
         tokens=described,
+        loss_by_order_by_sequence=[(s[some] / counts[some]).tolist() for s in sums],
+        scored_by_sequence=counts[some].long().tolist(),
     )
 
 
