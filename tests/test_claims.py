@@ -237,7 +237,7 @@ def with_marginal(r: Results, first: float, second: float, scatter: float = 0.0)
     offsets = [scatter * k for k in (-1.5, -0.5, 0.5, 1.5)]
     zero = [5.0] * 4
     one = [5.0 - first] * 4
-    two = [b - second - d for b, d in zip(one, offsets)]
+    two = [b - second - d for b, d in zip(one, offsets, strict=True)]
     t = replace(
         r.term_importance,
         loss_by_order=[5.0, 5.0 - first, 5.0 - first - second],

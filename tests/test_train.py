@@ -111,10 +111,12 @@ def test_metrics_follow_their_definitions(tiny_corpus, tmp_path):
             trainer.model(tokens)[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none"
         ).mean(0)
     np.testing.assert_allclose(row["loss_by_position"], per_position.mean(0).numpy(), atol=1e-4)
-    early, late = icl_positions(32)  # the ICL score's standard error: its spread over the windows
-    per_window = (per_position[:, late] - per_position[:, early]).double()
-    assert row["icl_score_se"] == pytest.approx(float(per_window.std()) / len(windows) ** 0.5, abs=1e-5)
-    assert len(windows) > 30 and row["icl_score_se"] > 0
+    early, late = icl_positions(32)  # the ICL score's standard error: its spread over the blocks
+    block = trainer.eval_inputs.block
+    per_block = (per_position[:, late] - per_position[:, early]).double().reshape(-1, block).sum(1)
+    se = float(per_block.std()) * len(per_block) ** 0.5 / len(windows)
+    assert row["icl_score_se"] == pytest.approx(se, abs=1e-5)
+    assert len(windows) > 30 and block > 1 and row["icl_score_se"] > 0
     period = trainer.eval_inputs.period  # 16: tokens 1..15 of the first copy, 17..31 of the second
     assert row["repeat_loss_first"] == pytest.approx(float(losses[0:15].mean()), abs=1e-4)
     assert row["repeat_loss_second"] == pytest.approx(float(losses[16:31].mean()), abs=1e-4)

@@ -10,10 +10,14 @@ checkpoint, by one function, :func:`evaluate`, on inputs drawn once by :func:`ev
   ``n_ctx >= 1024`` (position ``i`` counted from 0, its loss that of predicting token ``i + 1``
   having seen tokens ``0 ... i``); shorter contexts scale both positions by ``n_ctx / 1024``
   (:func:`icl_positions`: 6 and 62 at ``n_ctx`` 128); ``icl_score_se``: its standard error over
-  the held-out windows (their scores' standard deviation over the square root of their number),
-  the precision of the score's value: every evaluation of a run reads the same windows, so what
-  limits a change within the run is the scatter between evaluations instead
-  (:func:`qkov.circuits.phase_change.noise`);
+  the held-out windows, the precision of the score's value: every evaluation of a run reads the same
+  windows, so what limits a change within the run is the scatter between evaluations instead
+  (:func:`qkov.circuits.phase_change.noise`). The text windows overlap, in blocks of
+  ``ICL_BLOCK`` that each start ``late - early`` tokens after the one before: the token a window
+  predicts at the late position is the one the next window predicts at the early position, so the
+  score compares the same tokens seen with a long and a short context, and the difficulty of the
+  tokens themselves, most of the scatter of unpaired windows, cancels. The standard error is taken
+  over the blocks (independent, at random offsets), each contributing its windows' summed score;
 - for models with attention layers, the loss on the first and second repeat of random tokens
   (:func:`qkov.data.random_tokens.loss_per_repeat`, the definition ``analyze`` uses too) and the
   strongest induction and previous-token scores (:mod:`qkov.circuits.heads`; the framework paper's
@@ -37,7 +41,7 @@ from torch import Tensor
 from qkov.circuits.heads import induction_scores, previous_token_scores
 from qkov.config import Config
 from qkov.data.random_tokens import loss_per_repeat, repeated_random_tokens
-from qkov.data.tokens import sample_windows
+from qkov.data.tokens import window_starts, windows_at
 from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
 
@@ -45,6 +49,7 @@ REPEAT_SEQUENCES = 32  # repeated random sequences scored at each evaluation
 EVAL_CHUNK = 32  # held-out windows whose logits are alive at once during an evaluation
 EVAL_TOKENS = 32768  # held-out tokens scored at each evaluation, unless told otherwise
 EVAL_SEED_OFFSET = 7919  # the evaluation's random inputs come from ``seed + EVAL_SEED_OFFSET``
+ICL_BLOCK = 8  # overlapping held-out windows per block (see the module docstring)
 # Olsson et al.'s in-context-learning score: "the loss of the 500th token in the context minus the
 # average loss of the 50th token", in a 1024-token context.
 ICL_EARLY, ICL_LATE, ICL_CONTEXT = 50, 500, 1024
@@ -61,16 +66,18 @@ def icl_positions(n_ctx: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class EvaluationInputs:
-    """What every evaluation of a run reads: the held-out ``windows`` and, for models with
-    attention, random tokens repeated twice with period ``period`` (``repeated``, else None)."""
+    """What every evaluation of a run reads: the held-out ``windows``, in consecutive blocks of
+    ``block`` that overlap (:func:`overlapping_windows`; 1: independent windows) and, for models
+    with attention, random tokens repeated twice with period ``period`` (``repeated``, else None)."""
 
     windows: Int[Tensor, "batch seq"]
     repeated: Int[Tensor, "batch pos"] | None
     period: int
+    block: int = 1
 
     def to(self, device: torch.device | str) -> EvaluationInputs:
         repeated = None if self.repeated is None else self.repeated.to(device)
-        return EvaluationInputs(self.windows.to(device), repeated, self.period)
+        return EvaluationInputs(self.windows.to(device), repeated, self.period, self.block)
 
 
 def repeating_text(cfg: Config, n_tokens: int, generator: torch.Generator) -> Int[Tensor, "batch seq"]:
@@ -87,28 +94,51 @@ def repeating_text(cfg: Config, n_tokens: int, generator: torch.Generator) -> In
     return repeated_random_tokens(count, period, repeats, cfg.d_vocab, generator)[:, :length]
 
 
+def overlapping_windows(
+    cfg: Config, held_out: Any, count: int, generator: torch.Generator, block: int = ICL_BLOCK
+) -> tuple[Int[Tensor, "batch seq"], int]:
+    """About ``count`` windows of ``n_ctx + 1`` tokens of ``held_out`` in blocks at random offsets,
+    each block ``block`` windows starting ``late - early`` tokens apart (:func:`icl_positions`),
+    and the block size used: smaller where the split or ``count`` is too short for two blocks of
+    ``block``, 1 (independent windows) where the context has no ICL positions."""
+    length = min(cfg.n_ctx + 1, len(held_out))
+    early, late = icl_positions(cfg.n_ctx)
+    stride = late - early
+    if stride < 1 or late + 1 >= length:
+        block = 1
+    else:
+        block = max(1, min(block, count // 2, 1 + (len(held_out) - length) // stride))
+    span = length + (block - 1) * stride
+    starts = window_starts(len(held_out), max(1, count // block), span, generator)
+    return windows_at(held_out, [s + k * stride for s in starts for k in range(block)], length), block
+
+
 def evaluation_inputs(
-    cfg: Config, held_out: Any | None, n_tokens: int = EVAL_TOKENS, seed: int = 0
+    cfg: Config, held_out: Any | None, n_tokens: int = EVAL_TOKENS, seed: int = 0, block: int = ICL_BLOCK
 ) -> EvaluationInputs:
     """The inputs of every evaluation of a model of ``cfg``, drawn on the CPU from ``seed``: about
-    ``n_tokens`` held-out tokens in windows at random offsets of ``held_out`` (a token array, or
-    sharded tokens: ``len()`` and slices), or :func:`repeating_text` when ``held_out`` is None; then
-    ``REPEAT_SEQUENCES`` random sequences of ``n_ctx // 2`` tokens, repeated twice."""
+    ``n_tokens`` held-out tokens in overlapping windows of ``held_out`` (a token array, or sharded
+    tokens: ``len()`` and slices; :func:`overlapping_windows`, ``block`` to a block), or
+    :func:`repeating_text` when ``held_out`` is None; then ``REPEAT_SEQUENCES`` random sequences
+    of ``n_ctx // 2`` tokens, repeated twice."""
     generator = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
     if held_out is None:
-        windows = repeating_text(cfg, n_tokens, generator)
+        windows, block = repeating_text(cfg, n_tokens, generator), 1
     else:
-        length = min(cfg.n_ctx + 1, len(held_out))
-        windows = sample_windows(held_out, max(1, n_tokens // length), length, generator)
+        count = max(1, n_tokens // min(cfg.n_ctx + 1, len(held_out)))
+        windows, block = overlapping_windows(cfg, held_out, count, generator, block)
     period = cfg.n_ctx // 2
     repeated = None
     if cfg.n_layers >= 1 and period >= 2:
         repeated = repeated_random_tokens(REPEAT_SEQUENCES, period, 2, cfg.d_vocab, generator)
-    return EvaluationInputs(windows, repeated, period)
+    return EvaluationInputs(windows, repeated, period, block)
 
 
-def held_out_metrics(model: AttnOnlyTransformer, windows: Tensor) -> dict[str, float | list[float]]:
-    """``eval_loss``, ``loss_by_position`` and ``icl_score`` on the held-out windows."""
+def held_out_metrics(
+    model: AttnOnlyTransformer, windows: Tensor, block: int = 1
+) -> dict[str, float | list[float]]:
+    """``eval_loss``, ``loss_by_position``, ``icl_score`` and its standard error on the held-out
+    windows, in blocks of ``block`` (the units of the standard error: each block's summed score)."""
     chunks = windows.split(EVAL_CHUNK)
     losses = torch.cat([token_losses(model(w[:, :-1]), w[:, 1:]) for w in chunks])  # [window, position]
     by_position = losses.mean(0)
@@ -119,9 +149,9 @@ def held_out_metrics(model: AttnOnlyTransformer, windows: Tensor) -> dict[str, f
     early, late = icl_positions(model.cfg.n_ctx)
     if late < len(by_position) and early < late:
         metrics["icl_score"] = float(by_position[late] - by_position[early])
-        if len(losses) > 1:  # the windows' spread over the square root of their number
-            per_window = (losses[:, late] - losses[:, early]).double()
-            metrics["icl_score_se"] = float(per_window.std() / len(per_window) ** 0.5)
+        per_block = (losses[:, late] - losses[:, early]).double().unflatten(0, (-1, block)).sum(1)
+        if len(per_block) > 1:  # the blocks' spread: sqrt(B) sd(u_b) / windows
+            metrics["icl_score_se"] = float(per_block.std() * len(per_block) ** 0.5 / len(losses))
     return metrics
 
 
@@ -130,7 +160,7 @@ def evaluate(model: AttnOnlyTransformer, inputs: EvaluationInputs) -> dict[str, 
     """The measured fields of a training-log row (see the module docstring), by their
     :class:`~qkov.training_log.TrainingPoint` names, for the model as it is (its mode, its
     device, any autocast around the call)."""
-    metrics = held_out_metrics(model, inputs.windows)
+    metrics = held_out_metrics(model, inputs.windows, inputs.block)
     if inputs.repeated is not None:
         tokens, period = inputs.repeated, inputs.period
         logits, cache = model.run_with_cache(tokens)
