@@ -180,23 +180,34 @@ def neox_config(data: dict, where: str) -> Config:
     )
 
 
+def split_per_head(
+    weight: Tensor, bias: Tensor | None, n_heads: int
+) -> tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]:
+    """A fused query-key-value projection whose rows run head by head, each head's query, key and
+    value together (GPT-NeoX; GPT-BigCode without multi-query): the three weights ``[n_heads *
+    d_head, d_model]`` and the three biases (None without one)."""
+    w = weight.reshape(n_heads, 3, -1, weight.shape[-1])
+    weights = tuple(w[:, i].flatten(0, 1) for i in range(3))
+    if bias is None:
+        return weights, (None,) * 3
+    return weights, tuple(bias.reshape(n_heads, 3, -1)[:, i].flatten() for i in range(3))
+
+
 def neox_tensors(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {"W_E": read("gpt_neox.embed_in.weight")}
-    h, e = cfg.n_heads, cfg.d_head
+    h = cfg.n_heads
     for layer in range(cfg.n_layers):
         p, q = f"gpt_neox.layers.{layer}.", f"blocks.{layer}."
-        # the fused projection's rows run head by head, each head's query, key and value together
-        qkv = read(p + "attention.query_key_value.weight").reshape(h, 3, e, -1)
-        bias = read.optional(p + "attention.query_key_value.bias")
-        b = (None,) * 3 if bias is None else tuple(bias.reshape(h, 3, e)[:, i].flatten() for i in range(3))
-        wq, wk, wv = (qkv[:, i].flatten(0, 1) for i in range(3))
+        w, b = split_per_head(
+            read(p + "attention.query_key_value.weight"),
+            read.optional(p + "attention.query_key_value.bias"),
+            h,
+        )
         attention(
             out,
             layer,
             cfg,
-            wq,
-            wk,
-            wv,
+            *w,
             read(p + "attention.dense.weight"),
             (*b, read.optional(p + "attention.dense.bias")),
         )
@@ -215,24 +226,33 @@ def neox_tensors(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
     return out
 
 
-def gptj_config(data: dict, where: str) -> Config:
+def gpt2_style_fields(data: dict, where: str) -> dict:
+    """The Config fields of a family that names its sizes as GPT-2 does (``n_embd``, ``n_head``,
+    ``n_layer``, ``n_positions``, ``n_inner``, ``activation_function``), with LayerNorm."""
     d, h, vocab = need(data, where, "n_embd"), need(data, where, "n_head"), need(data, where, "vocab_size")
-    rotary = data.get("rotary_dim")
-    return Config(
+    return dict(
         n_layers=need(data, where, "n_layer"),
         n_heads=h,
         d_model=d,
         d_head=d // h,
         d_vocab=vocab,
         n_ctx=need(data, where, "n_positions"),
-        positional_embedding="rotary",
         normalization="LN",
         d_mlp=data.get("n_inner") or 4 * d,
         act_fn=activation(data, where, "activation_function"),
         ln_eps=float(data.get("layer_norm_epsilon", 1e-5)),
         source="huggingface",
         bos_token_id=bos(data, vocab),
-        rotary_dim=None if rotary in (None, d // h) else rotary,
+    )
+
+
+def gptj_config(data: dict, where: str) -> Config:
+    fields = gpt2_style_fields(data, where)
+    rotary = data.get("rotary_dim")
+    return Config(
+        **fields,
+        positional_embedding="rotary",
+        rotary_dim=None if rotary in (None, fields["d_head"]) else rotary,
         rotary_interleaved=True,
         parallel_attn_mlp=True,
     )
@@ -377,23 +397,12 @@ def opt_tensors(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
 
 
 def bigcode_config(data: dict, where: str) -> Config:
-    d, h, vocab = need(data, where, "n_embd"), need(data, where, "n_head"), need(data, where, "vocab_size")
+    fields = gpt2_style_fields(data, where)
     if data.get("scale_attn_weights") is False:
         raise QkovError(f"{where}: attention without the 1/sqrt(d_head) scale is not supported")
     return Config(
-        n_layers=need(data, where, "n_layer"),
-        n_heads=h,
-        d_model=d,
-        d_head=d // h,
-        d_vocab=vocab,
-        n_ctx=need(data, where, "n_positions"),
+        **fields,
         positional_embedding="standard",
-        normalization="LN",
-        d_mlp=data.get("n_inner") or 4 * d,
-        act_fn=activation(data, where, "activation_function"),
-        ln_eps=float(data.get("layer_norm_epsilon", 1e-5)),
-        source="huggingface",
-        bos_token_id=bos(data, vocab),
         n_key_value_heads=1 if data.get("multi_query", True) else None,
     )
 
@@ -406,11 +415,8 @@ def bigcode_tensors(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
         w, b = read(p + "attn.c_attn.weight"), read.optional(p + "attn.c_attn.bias")
         if cfg.n_kv_heads == 1:  # multi-query: all queries, then the one key and value head
             parts = w.split([d, e, e]), (b.split([d, e, e]) if b is not None else (None,) * 3)
-        else:  # per head: its query, key and value together, as GPT-NeoX
-            parts = (
-                tuple(w.reshape(h, 3, e, d)[:, i].flatten(0, 1) for i in range(3)),
-                tuple(b.reshape(h, 3, e)[:, i].flatten() for i in range(3)) if b is not None else (None,) * 3,
-            )
+        else:
+            parts = split_per_head(w, b, h)
         attention(
             out,
             layer,
