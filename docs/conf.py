@@ -31,7 +31,7 @@ nb_merge_streams = True
 nb_mime_priority_overrides = [("html", "text/html", 0)]
 
 autodoc_member_order = "bysource"
-autodoc_typehints = "none"  # jaxtyping's shapes read better in the docstrings than in signatures
+autodoc_typehints = "signature"  # jaxtyping shapes in the signatures, as the code writes them
 autodoc_default_options = {"members": True, "undoc-members": False}
 myst_heading_anchors = 3
 suppress_warnings = ["myst.header"]
