@@ -17,7 +17,7 @@ from rich.console import Console
 from qkov.config import ACT_FNS, NORMALIZATIONS, POSITIONAL_EMBEDDINGS
 from qkov.errors import QkovError
 from qkov.recipes import PRESETS
-from qkov.results import Results
+from qkov.results import EVERY_STEP, Results
 
 console = Console(stderr=True)
 
@@ -237,6 +237,23 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         "adds the task's loss, accuracy and head ablations; term importance and an attention example "
         "run on them",
     )
+    p.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="run only the steps that read the weights alone: no forward pass, no tokens",
+    )
+    p.add_argument(
+        "--steps",
+        metavar="A,B,...",
+        type=step_names,
+        help="run only these steps (and the steps whose results they read, said in the output); "
+        "results.json and the report say which ran",
+    )
+
+
+def step_names(text: str) -> list[str]:
+    """``--steps a,b,c``: the names, in order, without blanks or repeats."""
+    return list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
 
 
 def default_analysis_folder(source: str, folder: Path) -> Path:
@@ -267,7 +284,7 @@ def add_user_data_arguments(p: argparse.ArgumentParser, use: str) -> None:
 
 
 def analyze_command(args: argparse.Namespace) -> None:
-    from qkov.analyze import analyze
+    from qkov.analyze import analyze, check_selection
     from qkov.data.shards import corpus_tokens
     from qkov.data.user_tokens import given_user_tokens
     from qkov.interop import open_model as load
@@ -277,6 +294,7 @@ def analyze_command(args: argparse.Namespace) -> None:
     from qkov.results import write_results
     from qkov.training_log import read_training_log
 
+    check_selection(args.steps, args.weights_only, bool(args.corpus), args.tokens is not None)
     set_threads(args.threads)
     folder = checked_checkpoint(args.checkpoint)
     out = check_writable_folder(args.out if args.out else default_analysis_folder(args.checkpoint, folder))
@@ -288,7 +306,7 @@ def analyze_command(args: argparse.Namespace) -> None:
         corpus = corpus_tokens(args.corpus, model.tokenizer, args.text_field, not args.quiet)
     user = given_user_tokens(args.tokens, args.targets, model.cfg)
     log = read_training_log(folder)
-    results = analyze(model, corpus, log, not args.quiet, args.seed, user)
+    results = analyze(model, corpus, log, not args.quiet, args.seed, user, args.steps, args.weights_only)
     out.mkdir(parents=True, exist_ok=True)
     write_results(results, out)
     atomic_write_text(out / "report.html", render_report({f"{model.cfg.n_layers}-layer": results}))
@@ -321,7 +339,8 @@ def summary_lines(results: Results) -> list[str]:
 
 
 def task_lines(results: Results) -> list[str]:
-    """The task's numbers on the user's data (and the heads whose ablation costs most), and the
+    """The task's numbers on the user's data (and the heads whose ablation costs most), the steps
+    that ran when they were chosen (and those run because a chosen one reads them), and the
     analyses that were skipped, one line per reason."""
     lines = []
     if (task := results.task) is not None:
@@ -338,6 +357,9 @@ def task_lines(results: Results) -> list[str]:
                     for a in worst
                 )
             )
+    if (steps := results.steps) is not None and steps.chosen != EVERY_STEP:
+        lines.append(f"  ran {', '.join(steps.ran) or 'no step'}: {steps.chosen}")
+        lines += [f"  also ran {name}: {why}" for name, why in steps.added.items()]
     by_reason: dict[str, list[str]] = {}
     for name, reason in results.skipped.items():
         by_reason.setdefault(reason, []).append(name)
