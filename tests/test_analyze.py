@@ -12,10 +12,11 @@ import torch
 
 import qkov
 from qkov import context
-from qkov.analyze import STEPS, analyze, run_steps
+from qkov.analyze import STEP_NAMES, STEPS, TOKENS, analyze, check_selection, run_steps
 from qkov.circuits import copying
 from qkov.cli import main
 from qkov.data.tokens import TokenSplits
+from qkov.model import Block, Transformer
 from qkov.report.sections import SECTIONS
 from qkov.results import Results
 
@@ -206,3 +207,160 @@ def test_no_step_makes_a_tensor_without_saying_where(monkeypatch, kind, cut):
     if cut:
         assert not got["copying_direct"][0].exact
         assert "(" in got["term_importance"].tokens  # cut, and says so
+
+
+# -- choosing what runs: --weights-only and --steps ---------------------------------------------------
+LLAMA_LIKE = qkov.Config(
+    2, 4, 16, 4, 30, 24, positional_embedding="rotary", n_key_value_heads=2, normalization="RMS", d_mlp=8,
+    act_fn="silu", gated_mlp=True,
+)  # fmt: skip
+WEIGHTS_ONLY_CASES = {
+    "LayerNorm, MLP, biases": lambda: random_model(
+        qkov.Config(2, 3, 12, 4, 40, 24, normalization="LN", d_mlp=16, act_fn="gelu_new"), biases=True
+    ),
+    "one layer": lambda: skip_trigram_model([(3, 4, 5)]),
+    "rotary, grouped-query, gated RMSNorm MLP": lambda: random_model(LLAMA_LIKE),
+}
+
+
+def refuse_forward_passes(monkeypatch) -> list[str]:
+    """Every way into the model's forward (token checks, the embedding, a block) fails, and is
+    counted; returns the count."""
+    calls: list[str] = []
+
+    def refuse(name):
+        def refused(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"a forward pass ({name})")
+
+        return refused
+
+    for owner, name in ((Transformer, "check_tokens"), (Transformer, "embed"), (Block, "forward")):
+        monkeypatch.setattr(owner, name, refuse(f"{owner.__name__}.{name}"))
+    return calls
+
+
+def test_a_step_that_needs_no_tokens_reads_only_steps_that_need_none():
+    inputs = {s.name: s.inputs for s in STEPS}
+    for step in STEPS:
+        if step.inputs != TOKENS:
+            assert all(inputs[name] != TOKENS for name in step.reads), step.name
+
+
+@pytest.mark.parametrize("kind", WEIGHTS_ONLY_CASES)
+def test_weights_only_runs_no_forward_pass(monkeypatch, kind):
+    model = WEIGHTS_ONLY_CASES[kind]()
+    calls = refuse_forward_passes(monkeypatch)
+    with pytest.raises(AssertionError, match="a forward pass"):  # the patch does catch a full analysis
+        analyze(model, show_progress=False)
+    assert calls
+    calls.clear()
+    results = analyze(model, show_progress=False, weights_only=True)
+    assert calls == []
+    cfg = model.cfg
+    alone = [s.name for s in STEPS if s.inputs != TOKENS and s.skip_reason(cfg, False) is None]
+    assert results.steps.ran == alone and results.steps.added == {}
+    assert results.steps.chosen == "the steps that read the weights alone (--weights-only)"
+    filled = [s.name for s in STEPS if getattr(results, s.name) is not None]
+    assert set(filled) <= set(alone) and set(alone) - set(filled) <= {"qk_position_content"}  # no positions
+    for step in STEPS:
+        if step.inputs == TOKENS:
+            assert getattr(results, step.name) is None
+            assert results.skipped[step.name] in (
+                "reads tokens, not the weights alone (--weights-only)",
+                step.skip_reason(cfg, False),
+            )
+    assert {"spectra", "copying", "qk_position_content"} <= set(alone)
+    if cfg.has_mlp:
+        assert "neurons" in alone and results.neurons.data is None  # ranked on the weights
+    if cfg.n_layers == 1:
+        assert "skip_trigrams" in alone and results.skip_trigrams.bug_cost is None
+
+
+def test_weights_only_gives_the_numbers_of_a_full_analysis():
+    model = WEIGHTS_ONLY_CASES["LayerNorm, MLP, biases"]()
+    whole = analyze(model, show_progress=False)
+    alone = analyze(model, show_progress=False, weights_only=True)
+    for name in alone.steps.ran:
+        if name != "neurons":  # ranked on the next tokens in a full analysis, on the weights here
+            assert getattr(alone, name) == getattr(whole, name), name
+
+
+def test_steps_runs_the_named_ones_and_what_they_read(induction_results):
+    model = induction_model()
+    results = analyze(model, show_progress=False, steps=["induction_check", "spectra"])
+    assert results.steps.ran == ["spectra", "copying", "induction_check"]
+    assert results.steps.added == {"copying": "read by induction_check"}
+    assert results.steps.chosen == "the steps named (--steps induction_check,spectra)"
+    assert results.induction_check == induction_results.induction_check
+    assert results.spectra == induction_results.spectra
+    assert results.repeated_tokens is None and results.skipped["repeated_tokens"] == "not among --steps"
+    assert set(results.skipped) == set(STEP_NAMES) - set(results.steps.ran)
+
+
+def test_a_named_step_that_does_not_apply_is_skipped_with_its_reason():
+    results = analyze(skip_trigram_model([(3, 4, 5)]), show_progress=False, steps=["composition", "spectra"])
+    assert results.steps.ran == ["spectra"]
+    assert results.skipped["composition"] == "needs at least 2 layer(s)"
+
+
+@pytest.mark.parametrize(
+    "names, weights_only, given, message",
+    [
+        (["spectra", "nonsense"], False, {}, "--steps: no step nonsense (the steps: bigram, spectra,"),
+        ([], False, {}, "--steps: name at least one step"),
+        (["circuit"], True, {}, "--steps circuit: runs the model on tokens, which --weights-only leaves out"),
+        (None, True, {"has_corpus": True}, "--weights-only reads no tokens: leave out --corpus"),
+    ],
+)
+def test_a_choice_that_cannot_run_is_refused(names, weights_only, given, message):
+    with pytest.raises(qkov.QkovError) as err:
+        check_selection(names, weights_only, **given)
+    assert str(err.value).startswith(message)
+    model, rng = induction_model(), np.random.default_rng(0)
+    d_vocab = model.cfg.d_vocab
+    corpus = TokenSplits(rng.integers(0, d_vocab, 300), rng.integers(0, d_vocab, 60)) if given else None
+    with pytest.raises(qkov.QkovError, match=message.split(" (")[0]):
+        analyze(model, corpus, show_progress=False, steps=names, weights_only=weights_only)
+
+
+def test_analyze_weights_only_and_steps_from_the_command_line(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "ckpt"
+    qkov.save(induction_model(), folder)
+    calls = refuse_forward_passes(monkeypatch)
+    main(["analyze", str(folder), "--out", str(tmp_path / "w"), "--quiet", "--weights-only"])
+    assert calls == []
+    raw = json.loads((tmp_path / "w" / "results.json").read_text())
+    assert raw["steps"]["ran"] == ["spectra", "copying_direct", "copying", "copying_comparison"] + [
+        "qk_position_content", "composition", "induction_check"
+    ]  # fmt: skip
+    assert raw["repeated_tokens"] is None
+    assert raw["skipped"]["ablation"] == "reads tokens, not the weights alone (--weights-only)"
+    html = (tmp_path / "w" / "report.html").read_text()
+    assert "Analyses run" in html and "Analyses not run" in html
+    assert "ran spectra, copying_direct" in capsys.readouterr().err
+    monkeypatch.undo()
+    main(["analyze", str(folder), "--out", str(tmp_path / "s"), "--quiet", "--steps", "circuit"])
+    steps = qkov.load_results(tmp_path / "s" / "results.json").steps
+    assert steps.ran == ["copying", "repeated_tokens", "correction", "circuit"]
+    assert steps.added["repeated_tokens"] == "read by correction, circuit"
+    assert "also ran repeated_tokens: read by correction, circuit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "spectra,nope"], "--steps: no step nope (the steps: "),
+        (["--steps", ","], "--steps: name at least one step"),
+        (["--weights-only", "--steps", "ablation"], "--steps ablation: runs the model on tokens"),
+        (["--weights-only", "--tokens", "t.npy"], "--weights-only reads no tokens: leave out --tokens"),
+    ],
+)
+def test_the_command_refuses_a_bad_choice_before_reading_the_model(tmp_path, capsys, argv, message):
+    """The checkpoint does not exist: the choice is refused first, in one line."""
+    with pytest.raises(SystemExit) as stop:
+        main(["analyze", str(tmp_path / "missing"), "--quiet", *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"qkov: error: {message}") and len(err.splitlines()) == 1
+    assert not (tmp_path / "missing").exists()

@@ -31,6 +31,7 @@ ADDED_SINCE_2 = (
     "rotary_bands",
     "gqa_groups",
     "circuit_notes",
+    "steps",
 )
 
 

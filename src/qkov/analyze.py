@@ -5,14 +5,15 @@ A step is a small function from a :class:`Context` (the model, its folded form f
 circuits, the corpus tokens, the random token batches every step shares, and the results of the
 steps it reads) to the typed result its circuits function returns; :data:`STEPS` declares each
 one's name (the ``Results`` field it fills), which models it applies to, the steps it reads, its
-progress weight and its title (the progress line and the report section's heading). :func:`analyze`
-runs the steps that apply; the progress total is the sum of their weights. To add an analysis, see
-"Adding an analysis" in the README.
+progress weight and its title (the progress line and the report section's heading), and whether
+it reads tokens or the weights alone. :func:`analyze` runs the steps that apply, or those chosen
+(``--steps``, ``--weights-only``: :func:`plan_steps`); the progress total is the sum of their
+weights. To add an analysis, see "Adding an analysis" in docs/house.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from types import MappingProxyType
@@ -51,12 +52,15 @@ from qkov.data.user_tokens import UserTokens
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_notes
 from qkov.model import AttnOnlyTransformer
-from qkov.results import Results
+from qkov.results import EVERY_STEP, Results, StepsRun
 from qkov.training_log import TrainingPoint
 
 SPECTRUM_TOP_K = 10  # singular values kept per head
 SKIP_TRIGRAMS_PER_HEAD = 50
 MIN_TOKEN_COUNT = 20  # with a corpus, skip-trigrams use only tokens seen this often (rare rows are noise)
+
+
+WEIGHTS, TOKENS, EITHER = "weights", "tokens", "weights, or tokens where the run has them"
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,11 @@ class Step:
     tokens (a square token-to-token circuit, or the next token as target) when ``needs_square``;
     and, when ``needs_targets``, to a model whose targets are known: the next token (its outputs
     are tokens) or the user's; and only to a model with MLPs when ``needs_mlp``. ``reads`` names
-    the steps whose results it reads; ``weight`` is its share of the progress bar."""
+    the steps whose results it reads; ``weight`` is its share of the progress bar. ``inputs`` says
+    what it reads besides the weights (``--weights-only`` runs the steps that need nothing more):
+    ``WEIGHTS`` nothing (no forward pass, no tokens), ``TOKENS`` tokens (it runs the model on them,
+    or reads the corpus), ``EITHER`` tokens where the run has them (a corpus, the user's data, the
+    random batches), else the weights alone."""
 
     name: str
     title: str
@@ -83,6 +91,7 @@ class Step:
     needs_mlp: bool = False
     needs_feature: str | None = None
     not_under: tuple[str, ...] = ()
+    inputs: str = "weights"
 
     def skip_reason(self, cfg: Config, has_corpus: bool, has_user_data: bool = False) -> str | None:
         """Why the step does not apply to a model of ``cfg`` with this data, in a few words; None
@@ -159,7 +168,7 @@ def neuron_step(ctx: Context):
     if ctx.user is not None:
         tokens, targets, described = ctx.rerun_user(cost)
         return neuron_analysis(ctx.model, tokens, described, targets, circuit=ctx.circuit)
-    if not ctx.model.cfg.outputs_tokens:
+    if ctx.weights_only or not ctx.model.cfg.outputs_tokens:
         return neuron_analysis(ctx.model, circuit=ctx.circuit)
     tokens, *_, described = ctx.rerun_text(cost) if ctx.corpus is not None else ctx.rerun_batch(cost)
     return neuron_analysis(ctx.model, tokens, described, circuit=ctx.circuit)
@@ -216,7 +225,7 @@ def circuit_step(ctx: Context):
 STEPS: tuple[Step, ...] = (
     Step(
         "bigram", "Direct path as a bigram table", lambda ctx: compare_bigrams(ctx.model, ctx.counts),
-        needs_corpus=True, needs_square=True,
+        needs_corpus=True, needs_square=True, inputs=TOKENS,
     ),
     Step("spectra", "Spectra of every head", lambda ctx: all_spectra(ctx.circuit, SPECTRUM_TOP_K), 1),
     Step(
@@ -236,17 +245,18 @@ STEPS: tuple[Step, ...] = (
         "repeated_tokens", "Repeated random tokens",
         lambda ctx: repeated_token_behaviour(
             ctx.model, ctx.repeated, ctx.period, REPEATS, ctx.model.cfg.bos_token_id
-        ), 1, needs_square=True,
+        ), 1, needs_square=True, inputs=TOKENS,
     ),
-    Step("attention_examples", "Attention patterns", attention_step, 1),
+    Step("attention_examples", "Attention patterns", attention_step, 1, inputs=TOKENS),
     Step("qk_position_content", "Position versus content", lambda ctx: qk_position_content(ctx.circuit), 1),
     Step("rotary_bands", "Rotary heads by frequency", lambda ctx: rotary_bands(ctx.model), 1,
          needs_feature="rotary positions"),
     Step("gqa_groups", "Grouped-query attention: heads of a group side by side",
          lambda ctx: group_similarity(ctx.model), 1, needs_feature="grouped-query attention"),
     Step("term_importance", "Term importance", term_importance_step, 1, weight=2, needs_targets=True,
-         not_under=PATHS),
-    Step("skip_trigrams", "Skip-trigrams", skip_trigram_step, 1, max_layers=1, weight=2, needs_square=True),
+         not_under=PATHS, inputs=TOKENS),
+    Step("skip_trigrams", "Skip-trigrams", skip_trigram_step, 1, max_layers=1, weight=2, needs_square=True,
+         inputs=EITHER),
     Step("composition", "Composition scores", lambda ctx: composition(ctx.circuit), 2),
     Step(
         "induction_check", "Induction mechanism (K-composition)",
@@ -255,26 +265,28 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "induction_mechanism", "Induction mechanism (score attribution)", induction_mechanism_step, 2,
-        reads=("repeated_tokens",), needs_square=True, not_under=SCORE_ATTRIBUTION,
+        reads=("repeated_tokens",), needs_square=True, not_under=SCORE_ATTRIBUTION, inputs=TOKENS,
     ),
     Step(
         "correction", "The corrected composition picture", correction_step, 1, reads=("repeated_tokens",),
-        needs_square=True, not_under=SCORE_ATTRIBUTION,
+        needs_square=True, not_under=SCORE_ATTRIBUTION, inputs=TOKENS,
     ),
     Step(
         "circuit", "The circuit graph", circuit_step, 2, reads=("repeated_tokens", "copying", "correction"),
-        needs_square=True, not_under=SCORE_ATTRIBUTION,
+        needs_square=True, not_under=SCORE_ATTRIBUTION, inputs=TOKENS,
     ),
-    Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True),
+    Step("ablation", "Ablations", ablation_step, 2, weight=2, needs_square=True, inputs=TOKENS),
     Step("neurons", "MLP neurons (keys and values)", neuron_step, 1, weight=2, needs_mlp=True,
-         not_under=NEURONS),
+         not_under=NEURONS, inputs=EITHER),
     Step(
         "ablation_estimate", "Ablations, estimated to first order",
         lambda ctx: ablation_estimate(ctx.attribution, ctx.done["ablation"]), 2, reads=("ablation",),
-        needs_square=True,
+        needs_square=True, inputs=TOKENS,
     ),
-    Step("task", "The user's task (loss, accuracy, ablations)", task_step, weight=2, needs_user_data=True),
+    Step("task", "The user's task (loss, accuracy, ablations)", task_step, weight=2, needs_user_data=True,
+         inputs=TOKENS),
 )  # fmt: skip
+STEP_NAMES = tuple(step.name for step in STEPS)
 
 
 # -- running them ----------------------------------------------------------------------------------
@@ -290,25 +302,103 @@ def analyze(
     show_progress: bool = True,
     seed: int = 0,
     user_tokens: UserTokens | None = None,
+    steps: Sequence[str] | None = None,
+    weights_only: bool = False,
 ) -> Results:
     """Run every step that applies to the model. ``corpus_tokens`` (train and eval token ids, in the
     model's tokenizer) adds the bigram comparison, marks skip-trigram bugs that never occur, and
     gives the text for term importance; without it term importance uses repeated random tokens.
     ``user_tokens`` (:func:`qkov.data.user_tokens.read_user_tokens`) adds the task step and an
-    attention example, and term importance runs on them against their targets. ``Results.skipped``
-    says why each other step did not run.
+    attention example, and term importance runs on them against their targets. ``steps`` runs only
+    the steps named (and those they read); ``weights_only`` only those that read the weights alone,
+    no forward pass and no tokens (:func:`plan_steps`). ``Results.steps`` says which ran and how
+    they were chosen, ``Results.skipped`` why each other step did not run.
     Every step computes where the model's weights are (``model.to("cuda")`` to analyse on a GPU)."""
     cfg = model.cfg
-    reasons = {s.name: s.skip_reason(cfg, corpus_tokens is not None, user_tokens is not None) for s in STEPS}
-    steps = [name for name, reason in reasons.items() if reason is None]
-    done = run_steps(model, steps, corpus_tokens, seed, show_progress, user_tokens)
+    plan, skipped = plan_steps(cfg, corpus_tokens is not None, user_tokens is not None, steps, weights_only)
+    done = run_steps(model, plan.ran, corpus_tokens, seed, show_progress, user_tokens, weights_only)
     log = training_log or []
     strings = token_strings(model.tokenizer, cfg.d_vocab)
-    skipped = {name: reason for name, reason in reasons.items() if reason is not None}
     return Results(
         config=cfg, tokens=strings, training=log, phase_change=phase_change(log), skipped=skipped,
-        circuit_notes=circuit_notes(cfg), **done,
+        circuit_notes=circuit_notes(cfg), steps=plan, **done,
     )  # fmt: skip
+
+
+def check_selection(
+    names: Sequence[str] | None, weights_only: bool, has_corpus: bool = False, has_user_data: bool = False
+) -> None:
+    """One line, before any model is read, for a choice of steps that cannot be run: a name that is
+    no step (the line lists the steps), a named step that reads tokens under ``weights_only``, or
+    tokens given with ``weights_only``."""
+    if names is not None:
+        unknown = [name for name in names if name not in STEP_NAMES]
+        if unknown or not names:
+            what = f"no step {', '.join(unknown)}" if unknown else "name at least one step"
+            raise QkovError(f"--steps: {what} (the steps: {', '.join(STEP_NAMES)})")
+    if not weights_only:
+        return
+    if has_corpus or has_user_data:
+        given = ", ".join(f for f, held in (("--corpus", has_corpus), ("--tokens", has_user_data)) if held)
+        raise QkovError(f"--weights-only reads no tokens: leave out {given}")
+    reading = [name for name in names or () if STEPS[STEP_NAMES.index(name)].inputs == TOKENS]
+    if reading:
+        alone = [s.name for s in STEPS if s.inputs != TOKENS]
+        raise QkovError(
+            f"--steps {', '.join(reading)}: runs the model on tokens, which --weights-only leaves out "
+            f"(the steps that read the weights alone: {', '.join(alone)})"
+        )
+
+
+def plan_steps(
+    cfg: Config,
+    has_corpus: bool,
+    has_user_data: bool = False,
+    names: Sequence[str] | None = None,
+    weights_only: bool = False,
+) -> tuple[StepsRun, dict[str, str]]:
+    """Which steps run, in registry order, and why each other one does not. The steps are those
+    named (``names``, each with the steps it reads, which run too and are said to: ``added``),
+    else all; with ``weights_only``, of those, the ones whose ``inputs`` are not ``TOKENS``; of
+    those, the ones that apply to the model and data (:meth:`Step.skip_reason`) and whose every
+    read step runs. Refuses what :func:`check_selection` refuses."""
+    check_selection(names, weights_only, has_corpus, has_user_data)
+    wanted = _with_reads(names) if names is not None else set(STEP_NAMES)
+    skipped: dict[str, str] = {}
+    for step in STEPS:
+        unread = [name for name in step.reads if name in skipped]
+        reasons = (
+            None if step.name in wanted else "not among --steps",
+            "reads tokens, not the weights alone (--weights-only)" if weights_only and step.inputs == TOKENS
+            else None,
+            step.skip_reason(cfg, has_corpus, has_user_data),
+            f"reads {', '.join(unread)}, which did not run" if unread else None,
+        )  # fmt: skip
+        reason = next((r for r in reasons if r is not None), None)
+        if reason is not None:
+            skipped[step.name] = reason
+    ran = [s.name for s in STEPS if s.name not in skipped]
+    added = {
+        name: "read by " + ", ".join(s.name for s in STEPS if s.name in ran and name in s.reads)
+        for name in ran
+        if names is not None and name not in names
+    }
+    return StepsRun(_chosen(names, weights_only), ran, added), skipped
+
+
+def _with_reads(names: Sequence[str]) -> set[str]:
+    wanted = set(names)
+    for step in reversed(STEPS):  # a step's dependencies come before it, so one backward pass suffices
+        if step.name in wanted:
+            wanted |= set(step.reads)
+    return wanted
+
+
+def _chosen(names: Sequence[str] | None, weights_only: bool) -> str:
+    alone = "the steps that read the weights alone (--weights-only)"
+    if names is None:
+        return alone if weights_only else EVERY_STEP
+    return f"the steps named (--steps {','.join(names)})" + (f", of {alone}" if weights_only else "")
 
 
 def run_steps(
@@ -318,21 +408,20 @@ def run_steps(
     seed: int = 0,
     show_progress: bool = False,
     user_tokens: UserTokens | None = None,
+    weights_only: bool = False,
 ) -> dict[str, Any]:
     """Run the named steps, and the steps they read, in registry order, on the same seeded inputs
     as :func:`analyze`: ``{name: result}`` for every step run. ``qkov serve`` uses it to answer with
-    exactly the numbers ``analyze`` writes."""
-    unknown = sorted(set(names) - {s.name for s in STEPS})
+    exactly the numbers ``analyze`` writes. With ``weights_only`` no token batch is drawn and the
+    steps of ``EITHER`` inputs read the weights alone."""
+    unknown = sorted(set(names) - set(STEP_NAMES))
     if unknown:
         raise QkovError(f"no analysis step {', '.join(unknown)}")
-    wanted = set(names)
-    for step in reversed(STEPS):  # a step's dependencies come before it, so one backward pass suffices
-        if step.name in wanted:
-            wanted |= set(step.reads)
+    wanted = _with_reads(names)
     steps = [s for s in STEPS if s.name in wanted]
     model = model.eval()
     done: dict[str, Any] = {}
-    ctx = Context.of(model, corpus_tokens, seed, MappingProxyType(done), user_tokens)
+    ctx = Context.of(model, corpus_tokens, seed, MappingProxyType(done), user_tokens, weights_only)
     with _progress(show_progress) as progress, torch.no_grad():
         task = progress.add_task("analysing", total=sum(s.weight for s in steps))
         for step in steps:

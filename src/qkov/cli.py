@@ -17,7 +17,7 @@ from rich.console import Console
 from qkov.config import ACT_FNS, NORMALIZATIONS, POSITIONAL_EMBEDDINGS
 from qkov.errors import QkovError
 from qkov.recipes import PRESETS
-from qkov.results import Results
+from qkov.results import EVERY_STEP, Results
 
 console = Console(stderr=True)
 
@@ -63,6 +63,10 @@ def common_options(device_help: str) -> argparse.ArgumentParser:
 
 
 DEVICES = "cpu (default), cuda, cuda:1, ..."
+CHECKPOINT_HELP = (
+    "checkpoint folder (config.json, model.safetensors, [tokenizer.json]), or a model's Hugging Face name "
+    "org/name[@revision], read from the local cache (never downloaded)"
+)
 
 
 def most_threads() -> int:
@@ -81,11 +85,13 @@ def set_threads(threads: int | None, default: int | None = None) -> None:
 def checked_checkpoint(path: str) -> Path:
     """A checkpoint folder's config checked before its weights are read: the sizes it implies
     (:func:`qkov.sizes.check_model_size`) and a ``tokenizer.json`` that is a link to nowhere (a
-    loop, or a missing file), which would otherwise be silently taken for none."""
+    loop, or a missing file), which would otherwise be silently taken for none. A Hugging Face name
+    that is no existing path is its folder in the local cache (:func:`qkov.interop.resolve_source`)."""
     from qkov.checkpoint import TOKENIZER_FILE, load_config
+    from qkov.interop import resolve_source
     from qkov.sizes import check_model_size
 
-    folder = Path(path)
+    folder = resolve_source(path)
     foreign = folder.is_dir() and _is_foreign(folder)  # a Hugging Face or TransformerLens folder
     cfg = load_config(folder) if folder.is_dir() and not foreign else None
     if cfg is not None:
@@ -186,14 +192,15 @@ def info_command(args: argparse.Namespace) -> None:
     from qkov.interop import open_model as load
     from qkov.training_log import read_training_log, row_fields
 
-    model = load(checked_checkpoint(args.checkpoint))
+    folder = checked_checkpoint(args.checkpoint)
+    model = load(folder)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.checkpoint}: {n_params:,} parameters ({model.W_E.dtype}), biases: {model.has_biases}")
     for key, value in model.cfg.to_dict().items():
         print(f"  {key}: {value}")
     size = model.tokenizer.get_vocab_size() if model.tokenizer is not None else None
     print(f"  tokenizer: {f'{size} tokens' if size else 'none'}")
-    log = read_training_log(args.checkpoint)
+    log = read_training_log(folder)
     if log:
         print("  last metrics: " + ", ".join(f"{k} {v}" for k, v in row_fields(log[-1]).items()))
 
@@ -212,8 +219,12 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         description="Run every analysis that applies to the checkpoint's depth and write "
         "DIR/results.json and DIR/report.html.",
     )
-    p.add_argument("checkpoint", help="checkpoint folder (config.json, model.safetensors, [tokenizer.json])")
-    p.add_argument("--out", help="output folder (default: CHECKPOINT/analysis)")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    p.add_argument(
+        "--out",
+        help="output folder (default: CHECKPOINT/analysis; for a model from the Hugging Face cache, "
+        "analysis/org--name here)",
+    )
     add_corpus_argument(
         p,
         "text, .jsonl(.gz/.zst) or .parquet files, folders or globs (repeatable), or 'stdlib' for the "
@@ -226,6 +237,34 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         "adds the task's loss, accuracy and head ablations; term importance and an attention example "
         "run on them",
     )
+    p.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="run only the steps that read the weights alone: no forward pass, no tokens",
+    )
+    p.add_argument(
+        "--steps",
+        metavar="A,B,...",
+        type=step_names,
+        help="run only these steps (and the steps whose results they read, said in the output); "
+        "results.json and the report say which ran",
+    )
+
+
+def step_names(text: str) -> list[str]:
+    """``--steps a,b,c``: the names, in order, without blanks or repeats."""
+    return list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+
+
+def default_analysis_folder(source: str, folder: Path) -> Path:
+    """Where ``qkov analyze`` writes without ``--out``: ``CHECKPOINT/analysis``, except for a model
+    from the Hugging Face cache (never written into): ``analysis/org--name[@revision]`` here."""
+    from qkov.interop.hub_cache import hub_name
+
+    name = hub_name(source)
+    if name is None or folder == Path(source):
+        return Path(source) / "analysis"
+    return Path("analysis") / str(name).replace("/", "--")
 
 
 def add_user_data_arguments(p: argparse.ArgumentParser, use: str) -> None:
@@ -245,7 +284,7 @@ def add_user_data_arguments(p: argparse.ArgumentParser, use: str) -> None:
 
 
 def analyze_command(args: argparse.Namespace) -> None:
-    from qkov.analyze import analyze
+    from qkov.analyze import analyze, check_selection
     from qkov.data.shards import corpus_tokens
     from qkov.data.user_tokens import given_user_tokens
     from qkov.interop import open_model as load
@@ -255,19 +294,19 @@ def analyze_command(args: argparse.Namespace) -> None:
     from qkov.results import write_results
     from qkov.training_log import read_training_log
 
+    check_selection(args.steps, args.weights_only, bool(args.corpus), args.tokens is not None)
     set_threads(args.threads)
-    out = check_writable_folder(args.out if args.out else Path(args.checkpoint) / "analysis")
-    model = checked_weights(load(checked_checkpoint(args.checkpoint)), args.checkpoint).to(
-        compute_device(args.device)
-    )
+    folder = checked_checkpoint(args.checkpoint)
+    out = check_writable_folder(args.out if args.out else default_analysis_folder(args.checkpoint, folder))
+    model = checked_weights(load(folder), args.checkpoint).to(compute_device(args.device))
     corpus = None
     if args.corpus:
         if model.tokenizer is None:
             raise QkovError("--corpus needs a checkpoint with a tokenizer.json to read text")
         corpus = corpus_tokens(args.corpus, model.tokenizer, args.text_field, not args.quiet)
     user = given_user_tokens(args.tokens, args.targets, model.cfg)
-    log = read_training_log(Path(args.checkpoint))
-    results = analyze(model, corpus, log, not args.quiet, args.seed, user)
+    log = read_training_log(folder)
+    results = analyze(model, corpus, log, not args.quiet, args.seed, user, args.steps, args.weights_only)
     out.mkdir(parents=True, exist_ok=True)
     write_results(results, out)
     atomic_write_text(out / "report.html", render_report({f"{model.cfg.n_layers}-layer": results}))
@@ -300,7 +339,8 @@ def summary_lines(results: Results) -> list[str]:
 
 
 def task_lines(results: Results) -> list[str]:
-    """The task's numbers on the user's data (and the heads whose ablation costs most), and the
+    """The task's numbers on the user's data (and the heads whose ablation costs most), the steps
+    that ran when they were chosen (and those run because a chosen one reads them), and the
     analyses that were skipped, one line per reason."""
     lines = []
     if (task := results.task) is not None:
@@ -317,6 +357,9 @@ def task_lines(results: Results) -> list[str]:
                     for a in worst
                 )
             )
+    if (steps := results.steps) is not None and steps.chosen != EVERY_STEP:
+        lines.append(f"  ran {', '.join(steps.ran) or 'no step'}: {steps.chosen}")
+        lines += [f"  also ran {name}: {why}" for name, why in steps.added.items()]
     by_reason: dict[str, list[str]] = {}
     for name, reason in results.skipped.items():
         by_reason.setdefault(reason, []).append(name)
@@ -335,7 +378,11 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
         "any layout with --mapping. Fold its LayerNorm and centre its weights as TransformerLens does, "
         "and write a qkov checkpoint folder.",
     )
-    p.add_argument("src", help="the folder or weights file to import")
+    p.add_argument(
+        "src",
+        help="the folder or weights file to import, or a model's Hugging Face name org/name[@revision] in "
+        "the local cache (never downloaded)",
+    )
     p.add_argument("--out", required=True, help="the qkov checkpoint folder to write")
     p.add_argument("--no-fold", action="store_true", help="keep LayerNorm as it is and change no weight")
     p.add_argument(
@@ -510,7 +557,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         "whole vocabulary, pick two heads to see how they compose; with --tokens, choose a row of your own "
         "data and see the same against its targets. Computed on demand and cached.",
     )
-    p.add_argument("checkpoint", help="checkpoint folder (config.json, model.safetensors, [tokenizer.json])")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP)
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
     )
@@ -533,8 +580,9 @@ def serve_command(args: argparse.Namespace) -> None:
     if args.cache_mb < 1 or args.workers < 1:
         raise QkovError("--cache-mb and --workers must be at least 1")
     set_threads(args.threads)
+    checked_checkpoint(args.checkpoint)  # a Hugging Face name stays the name the explorer shows
     serve(
-        checked_checkpoint(args.checkpoint),
+        args.checkpoint,
         args.host,
         args.port,
         args.cache_mb,
@@ -557,7 +605,7 @@ def main(argv: list[str] | None = None) -> None:
     add_import_parser(sub)
     add_series_parser(sub)
     info = sub.add_parser("info", help="validate a checkpoint folder and describe it")
-    info.add_argument("checkpoint")
+    info.add_argument("checkpoint", help=CHECKPOINT_HELP)
     sub.add_parser("schema", help="print the JSON Schema of results.json")
     for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a traceback
         if callable(getattr(stream, "reconfigure", None)):

@@ -68,7 +68,9 @@ class Context:
     the position the repeats begin at, from which their scores and losses are read.
 
     Steps that rerun the model many times take a part of these within ``RERUN_FLOP_BUDGET``
-    (:meth:`rerun_batch`, :meth:`rerun_text`). ``done`` holds the results of the steps run so far."""
+    (:meth:`rerun_batch`, :meth:`rerun_text`). ``done`` holds the results of the steps run so far.
+    With ``weights_only`` (``qkov analyze --weights-only``) no batch is drawn: the steps read the
+    weights alone."""
 
     model: AttnOnlyTransformer
     corpus: CorpusSplits | None
@@ -82,6 +84,7 @@ class Context:
     done: Mapping[str, Any] = field(default_factory=dict)
     user: UserTokens | None = None
     start: int = 0
+    weights_only: bool = False
 
     @classmethod
     def of(
@@ -91,13 +94,17 @@ class Context:
         seed: int,
         done: Mapping[str, Any],
         user: UserTokens | None = None,
+        weights_only: bool = False,
     ) -> Context:
         cfg, generator, device = model.cfg, torch.Generator().manual_seed(seed), model.device
         bos, start = cfg.bos_token_id, int(cfg.bos_token_id is not None)
         period = min((cfg.n_ctx - start) // REPEATS, _reach(cfg))
         example_period = (min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx) - start) // REPEATS
-        if cfg.n_layers == 0:
-            return cls(model, corpus, seed, period, example_period, done=done, user=user, start=start)
+        if cfg.n_layers == 0 or weights_only:
+            return cls(
+                model, corpus, seed, period, example_period, done=done, user=user, start=start,
+                weights_only=weights_only,
+            )  # fmt: skip
         full, cache = (REPEAT_BATCH, period), partial(cache_bytes, cfg)
         sequences, period = batch_shape(full, REPEATS, cache, REPEATED_CACHE_BYTES, TRUSTED)
         draw = partial(repeated_random_tokens, repeats=REPEATS, d_vocab=cfg.d_vocab, generator=generator)

@@ -59,11 +59,27 @@ SCHEMA_FILE = Path(__file__).parent / "schema" / "results.schema.json"
 
 
 # -- one checkpoint, and the reproduction ---------------------------------------------------------
+EVERY_STEP = "every step that applies"  # StepsRun.chosen when neither --steps nor --weights-only chose
+
+
+@dataclass(frozen=True)
+class StepsRun:
+    """Which analysis steps ran (:func:`qkov.analyze.plan_steps`): ``chosen`` says how they were
+    chosen (every step that applies, ``--weights-only``, ``--steps``), ``ran`` names them in the
+    order run, and ``added`` maps each step run only because a chosen one reads its result to the
+    steps that read it. ``Results.skipped`` says why each other step did not run."""
+
+    chosen: str
+    ran: list[str]
+    added: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Results:
     """Every analysis of one checkpoint (``results.json`` of ``qkov analyze``). An analysis that
     does not apply to the model (composition needs two layers, the bigram comparison a corpus) is
-    ``None``, and ``skipped`` maps its name to the reason; ``circuit_notes`` says, one sentence per
+    ``None``, and ``skipped`` maps its name to the reason (``steps`` says which ran, and how they
+    were chosen; None in a file written before it was kept); ``circuit_notes`` says, one sentence per
     feature of the model (rotary positions, query/key norms, norms after each sublayer, soft-caps),
     which offset the weight-based circuits use or up to what scale they are exact."""
 
@@ -95,6 +111,7 @@ class Results:
     gqa_groups: list[GroupSimilarity] | None = None
     skipped: dict[str, str] = field(default_factory=dict)
     circuit_notes: list[str] = field(default_factory=list)
+    steps: StepsRun | None = None
 
 
 @dataclass(frozen=True)

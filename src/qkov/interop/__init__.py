@@ -21,6 +21,7 @@ from qkov.errors import QkovError
 from qkov.interop.agreement import checked_agreement, log_prob_difference, reference_file
 from qkov.interop.fold import Folded, FoldNote, fold
 from qkov.interop.hf import from_hf
+from qkov.interop.hub_cache import resolve_source
 from qkov.interop.mapping import from_weights
 from qkov.interop.source import config_file, read_config_file, weights_file
 from qkov.interop.tl_legacy import is_legacy
@@ -44,6 +45,7 @@ __all__ = [
     "import_checkpoint",
     "open_model",
     "log_prob_difference",
+    "resolve_source",
     "save_transformer_lens",
     "to_hooked_transformer",
     "to_transformer_bridge",
@@ -74,8 +76,10 @@ def open_model(path: str | os.PathLike) -> Transformer:
     loaded (:func:`qkov.load`); a Hugging Face folder (any family of :mod:`qkov.interop.adapters`,
     one ``model.safetensors`` or shards with ``model.safetensors.index.json``) or a TransformerLens
     one is imported in memory and folded, as ``qkov import`` would write it. A path to a file in the
-    folder means the folder."""
-    folder = Path(path)
+    folder means the folder. A Hugging Face name, ``org/name`` or ``org/name@revision``, that is no
+    existing path is read from the local Hugging Face cache, never downloaded
+    (:mod:`qkov.interop.hub_cache`)."""
+    folder = resolve_source(path)
     if folder.is_file() and folder.suffix in (".json", ".safetensors"):
         folder = folder.parent
     if not folder.is_dir():
@@ -101,15 +105,15 @@ def import_checkpoint(
     reference: str | os.PathLike | None = None,
     bos_token_id: int | None = None,
 ) -> tuple[Transformer, list[str]]:
-    """``qkov import``: read ``src`` (a folder, or a weights file: safetensors or a pickled state
-    dict) as Hugging Face or TransformerLens weights with ``config`` (default: the ``config.json``
-    beside them), or through ``mapping`` (:mod:`qkov.interop.mapping`); fold it unless ``fold`` is
-    false; with ``reference`` (a safetensors file of ``tokens`` and the source's ``logits``), check
-    the log-probabilities agree; with ``bos_token_id``, record the start token the model's
-    sequences begin with (replacing the source's); and save a qkov checkpoint folder at ``out``,
-    only once all that succeeded. Returns the model and the lines to show: ``note: ...`` for each
-    folding step that could not be done exactly, and the agreement with the reference."""
-    src, out = Path(src), Path(out)
+    """``qkov import``: read ``src`` (a folder, a weights file: safetensors or a pickled state dict, or a
+    model's name in the local Hugging Face cache: :func:`open_model`) as Hugging Face or TransformerLens
+    weights with ``config`` (default: the ``config.json`` beside them), or through ``mapping``
+    (:mod:`qkov.interop.mapping`); fold it unless ``fold`` is false; with ``reference`` (a safetensors file of
+    ``tokens`` and the source's ``logits``), check the log-probabilities agree; with ``bos_token_id``, record
+    the start token the model's sequences begin with (replacing the source's); and save a qkov checkpoint
+    folder at ``out``, only once all that succeeded. Returns the model and the lines to show: ``note: ...``
+    for each folding step that could not be done exactly, and the agreement with the reference."""
+    src, out = resolve_source(src), Path(out)
     weights = weights_file(src)
     if out.resolve() == weights.parent.resolve():
         raise QkovError(f"{out}: the output folder must differ from the source folder")

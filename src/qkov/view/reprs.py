@@ -130,7 +130,7 @@ def result_html(field: str | None) -> Callable[[object], str]:
 def _titles() -> dict[str, str]:
     from qkov.analyze import STEPS
 
-    return {"training": "Training"} | {step.name: step.title for step in STEPS}
+    return {"training": "Training", "steps": "Analyses run"} | {step.name: step.title for step in STEPS}
 
 
 def results_html(r: Results) -> str:

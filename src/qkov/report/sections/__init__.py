@@ -27,6 +27,7 @@ from qkov.report.sections.rotary import gqa_groups_section, rotary_bands_section
 from qkov.report.sections.skip_trigrams import skip_trigram_section
 from qkov.report.sections.skipped import skipped_section
 from qkov.report.sections.spectra import spectra_section
+from qkov.report.sections.steps import steps_section
 from qkov.report.sections.task import task_section
 from qkov.report.sections.term_importance import term_importance_section
 from qkov.report.sections.training import phase_change_section, training_section
@@ -56,6 +57,7 @@ SECTIONS: dict[str, Callable[[Results], str]] = {
     "task": task_section,
     "rotary_bands": rotary_bands_section,
     "gqa_groups": gqa_groups_section,
+    "steps": steps_section,
     "skipped": skipped_section,
 }
 
@@ -94,6 +96,7 @@ __all__ = [
     "skip_trigram_section",
     "skipped_section",
     "spectra_section",
+    "steps_section",
     "task_section",
     "term_importance_section",
     "training_section",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from qkov.report.markup import table
-from qkov.results import Results
+from qkov.results import EVERY_STEP, Results
 
 
 def skipped_section(r: Results) -> str:
     if not r.skipped:
         return ""
     rows = [[name, reason] for name, reason in r.skipped.items()]
-    return "<h3>Analyses that did not apply</h3>" + table(["analysis", "why"], rows)
+    chosen = r.steps is not None and r.steps.chosen != EVERY_STEP  # some were left out, not inapplicable
+    heading = "Analyses not run" if chosen else "Analyses that did not apply"
+    return f"<h3>{heading}</h3>" + table(["analysis", "why"], rows)
