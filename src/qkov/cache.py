@@ -142,11 +142,11 @@ class ActivationCache(dict):
         adds the rest of the stream after layer ``layer - 1`` (embeddings, biases, MLPs)."""
         layer = self._last(layer)
         labels = [head_name(i, h) for i in range(layer) for h in range(self.cfg.n_heads)]
-        like = self["hook_embed"] if "hook_embed" in self else self[hook_name(0, "resid_pre")]
         heads = [self[hook_name(i, "result")].movedim(-2, 0) for i in range(layer)]
-        stack = torch.cat(heads) if heads else like.new_zeros((0, *like.shape))
-        if incl_remainder:
-            total = self[hook_name(layer - 1, "resid_post")] if layer else like
+        first = self[hook_name(0, "resid_pre")]
+        stack = torch.cat(heads) if heads else first.new_zeros((0, *first.shape))
+        if incl_remainder:  # at layer 0 the stream entering it (TransformerLens: the final stream)
+            total = self[hook_name(layer - 1, "resid_post")] if layer else first
             stack = torch.cat([stack, (total - stack.sum(0))[None]])
             labels.append("remainder")
         if apply_ln:

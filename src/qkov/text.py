@@ -71,6 +71,12 @@ def _id_rows(tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> tuple[
     return ids.reshape(-1, ids.shape[-1]).tolist(), single
 
 
+def _piece(tokenizer: Tokenizer, token: int) -> str:
+    """One token as it reads, a special token as its text (``<|endoftext|>``)."""
+    text = tokenizer.decode([token], skip_special_tokens=False)
+    return text if "\ufffd" not in text else token_string(tokenizer, token)
+
+
 def to_str_tokens(
     tokenizer: Tokenizer, cfg: Config, tokens: str | Sequence | Tensor, prepend_bos: bool | None = None
 ) -> list[str] | list[list[str]]:
@@ -81,7 +87,7 @@ def to_str_tokens(
         rows, single = ids.tolist(), isinstance(tokens, str)
     else:
         rows, single = _id_rows(tokens)
-    strings = [[token_string(tokenizer, t) for t in row] for row in rows]
+    strings = [[_piece(tokenizer, t) for t in row] for row in rows]
     return strings[0] if single else strings
 
 
