@@ -295,3 +295,25 @@ def test_a_hook_cannot_write_into_the_weights(pair):
     model.run_with_hooks(model.to_tokens(TEXTS[1]), fwd_hooks=[("hook_pos_embed", scribble)])
     assert torch.equal(model.W_pos, before)
 
+
+
+def test_qkov_analyze_is_the_command(tmp_path):
+    """``qkov.analyze`` is callable from the top level (on a model, or a folder as the command reads
+    it: its training log too) and gives the Results ``qkov analyze`` writes; the module stays
+    importable as before (``from qkov import analyze; analyze.run_steps``)."""
+    from qkov import analyze
+    from qkov.cli import main
+    from qkov.results import to_json
+
+    from handbuilt import induction_model
+
+    folder = tmp_path / "ckpt"
+    qkov.save(induction_model(), folder)
+    (folder / "metrics.jsonl").write_text('{"step": 10, "tokens": 640, "train_loss": 3.5}\n')
+    main(["analyze", str(folder), "--out", str(tmp_path / "out"), "--quiet"])
+    written = qkov.load_results(tmp_path / "out" / "results.json")
+    from_folder = qkov.analyze(folder, show_progress=False)
+    assert to_json(from_folder) == to_json(written) and len(from_folder.training) == 1
+    from_model = qkov.analyze(qkov.load(folder), show_progress=False)
+    assert from_model.training == [] and from_model.composition == written.composition
+    assert callable(analyze.run_steps) and analyze.analyze is not qkov.analyze
