@@ -4,6 +4,7 @@ and activations in a cache by their TransformerLens hook names (``blocks.1.attn.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from qkov.config import Config
 from qkov.errors import QkovError
@@ -53,6 +54,12 @@ def parse_head(name: str, cfg: Config | None = None) -> tuple[int, int]:
     if cfg is not None and (layer >= cfg.n_layers or head >= cfg.n_heads):
         raise QkovError(f"no head {name} in a model with {cfg.n_layers} layers of {cfg.n_heads} heads")
     return layer, head
+
+
+def head_names(heads: str | Sequence[str]) -> list[str]:
+    """Head names where a list of them is expected: one name (``"L1H1"``) is that one head, not
+    its characters."""
+    return [heads] if isinstance(heads, str) else list(heads)
 
 
 def hook_points(cfg: Config) -> list[str]:
