@@ -7,6 +7,7 @@ same hook functions in both libraries."""
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -317,3 +318,13 @@ def test_qkov_analyze_is_the_command(tmp_path):
     from_model = qkov.analyze(qkov.load(folder), show_progress=False)
     assert from_model.training == [] and from_model.composition == written.composition
     assert callable(analyze.run_steps) and analyze.analyze is not qkov.analyze
+
+
+def test_the_page_example_runs(pair):
+    """docs/from-transformerlens.md's patching example, as written there."""
+    model, _ = pair
+    page = (Path(__file__).resolve().parent.parent / "docs" / "from-transformerlens.md").read_text()
+    block = page.split("```python\n# activation patching")[1].split("```")[0]
+    namespace = {"model": model, "torch": torch, "qkov": qkov}
+    exec("# activation patching" + block, namespace)
+    assert namespace["results"].shape == (model.cfg.n_layers, namespace["clean"].shape[1])
