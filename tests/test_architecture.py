@@ -6,7 +6,7 @@ The layers, lowest first (``qkov.x`` is ``x``; a package stands for all its modu
 
 0. foundations: errors, io, numbers, config, names, linalg, topk, loss, machine, distributed, pickles,
    training_log, sizes, tensorfile
-1. the model, its files and the data it reads: model, checkpoint, data
+1. the model, its files and the data it reads: model, cache, hooks, text, checkpoint, data
 2. models in and out: interop, and the hand-written models whose answers are known (handbuilt)
 3. the paper's ideas, one module each: circuits
 4. what runs them: evaluation, train, training_run, recipes, results, context, analyze, claims, series
@@ -40,7 +40,7 @@ LAYERS = (
         "rotary",
     }
     | {"training_log", "sizes", "tensorfile"},
-    {"model", "checkpoint", "data"},
+    {"model", "cache", "hooks", "text", "checkpoint", "data"},
     {"interop", "handbuilt"},
     {"circuits"},
     {"evaluation", "train", "training_run", "recipes", "results", "context", "analyze", "claims", "series"},

@@ -263,3 +263,13 @@ def test_half_precision_and_float8_weights_load_and_compute_in_float32(tmp_path,
     loaded = qkov.load(folder)
     assert loaded.W_E.dtype == torch.float32 and torch.equal(loaded.W_E, stored["W_E"].float())
     assert qkov.copying_analysis(loaded).heads  # eigenvalues: float32 kernels
+
+
+def test_a_file_of_the_folder_means_the_folder(tmp_path):
+    model = random_model(qkov.Config(n_layers=1, n_heads=2, d_model=8, d_head=4, d_vocab=11, n_ctx=6))
+    qkov.save(model, tmp_path / "ckpt")
+    for name in ("model.safetensors", "config.json"):
+        loaded = qkov.load(tmp_path / "ckpt" / name)
+        assert torch.equal(loaded.W_E, model.W_E)
+    with pytest.raises(qkov.QkovError, match="no such checkpoint folder"):
+        qkov.load(tmp_path / "ckpt" / "absent.safetensors")

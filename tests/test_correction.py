@@ -45,6 +45,7 @@ def centred_share(term: torch.Tensor, total: torch.Tensor) -> float:
 def test_the_hand_built_recent_head_is_found_with_its_window(window):
     model = with_recent_head(induction_model(), window).double()
     found = correction(model, repeated(model), PERIOD, ["L1H0"], ["L0H0"])
+    assert correction(model, repeated(model), PERIOD, "L1H0", "L0H0") == found  # one name, one head
     by_name = {h.head: h for h in found.heads}
     recent = by_name["L0H1"]
     assert recent.recent and recent.window == window

@@ -28,6 +28,7 @@ def test_the_k_composition_induction_head_is_classified_k_composition(layer_norm
     model = with_layer_norm(model).double() if layer_norm else model
     (row,) = qkov.induction_mechanisms(model, repeated(model), PERIOD, ["L1H0"])
     assert row.mechanism == "k_composition" and row.writer == "L0H0"
+    assert qkov.induction_mechanisms(model, repeated(model), PERIOD, "L1H0") == [row]  # one name, one head
     # the rest is mostly the planted recency term (embed x pos_embed), which favours the latest sources
     assert row.shares["k_composition"] > 0.85 and abs(row.shares["pointer"]) < 1e-4
     assert sum(row.shares.values()) == pytest.approx(1.0, abs=1e-9)

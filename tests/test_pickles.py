@@ -165,3 +165,10 @@ def test_a_few_bytes_of_damaged_pickle_are_one_line(tmp_path, content):
     (tmp_path / "t.pt").write_bytes(content)
     with pytest.raises(QkovError, match="not a readable PyTorch pickle"):
         read_pickle(tmp_path / "t.pt")
+
+
+def test_a_git_lfs_pointer_is_named_as_such(tmp_path):
+    file = tmp_path / "model.pth"
+    file.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 3\n")
+    with pytest.raises(QkovError, match=r"model.pth: a git-lfs pointer, not the weights"):
+        read_pickle(file)

@@ -55,3 +55,20 @@ def test_a_path_that_is_not_utf8_reads_back(tmp_path):
     write_tensors(os.path.join(folder, "m.safetensors"), TENSORS)
     tensors, _ = read_tensor_file(os.path.join(folder, "m.safetensors"))
     assert torch.equal(tensors["b"], TENSORS["b"])
+
+
+POINTER = (
+    "version https://git-lfs.github.com/spec/v1\n"
+    "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n"
+)
+
+
+def test_a_git_lfs_pointer_is_named_as_such(tmp_path):
+    """A clone without git-lfs leaves a pointer where the weights were: said so, not "header too large"."""
+    file = tmp_path / "model.safetensors"
+    file.write_text(POINTER)
+    with pytest.raises(QkovError, match="a git-lfs pointer, not the weights .*git lfs pull"):
+        read_tensor_file(file)
+    file.write_text("version 2 of something else\n")
+    with pytest.raises(QkovError, match="truncated or corrupt"):
+        read_tensor_file(file)

@@ -11,7 +11,7 @@ circuit ``W_E W_V W_O W_U`` the paper's ``W_U W_OV W_E``. Each docstring gives b
 
 from importlib.metadata import version as _version
 
-from qkov import interop, view
+from qkov import analyze, interop, view  # analyze: the module, callable as qkov.analyze(model)
 from qkov.checkpoint import load, save
 from qkov.circuits.attribution import ScoreParts, score_attribution, score_parts
 from qkov.circuits.attribution_patching import attribution_patching
@@ -74,6 +74,7 @@ from qkov.results import Reproduction, Results, load_results
 __version__ = _version("qkov")
 
 __all__ = [
+    "analyze",
     "attribution_patching",
     "AttnOnlyTransformer",
     "Config",

@@ -9,14 +9,21 @@ progress weight and its title (the progress line and the report section's headin
 it reads tokens or the weights alone. :func:`analyze` runs the steps that apply, or those chosen
 (``--steps``, ``--weights-only``: :func:`plan_steps`); the progress total is the sum of their
 weights. To add an analysis, see "Adding an analysis" in docs/house.md.
+
+The module is callable: ``qkov.analyze(model)`` (or ``qkov.analyze("folder")``) is
+:func:`analyze_model`, the front door, while ``from qkov import analyze; analyze.run_steps(...)``
+and ``from qkov.analyze import analyze`` keep working.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from types import MappingProxyType
+from pathlib import Path
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 import torch
@@ -50,10 +57,12 @@ from qkov.context import PATTERN_EXAMPLE_LENGTH, REPEATS, Context, CorpusSplits
 from qkov.data.tokenizer import token_strings
 from qkov.data.user_tokens import UserTokens
 from qkov.errors import QkovError
+from qkov.interop import open_model
 from qkov.interop.fold import circuit_notes
 from qkov.model import AttnOnlyTransformer
 from qkov.results import EVERY_STEP, Results, StepsRun
-from qkov.training_log import TrainingPoint
+from qkov.sizes import check_weight_magnitudes
+from qkov.training_log import TrainingPoint, read_training_log
 
 SPECTRUM_TOP_K = 10  # singular values kept per head
 SKIP_TRIGRAMS_PER_HEAD = 50
@@ -429,3 +438,33 @@ def run_steps(
             done[step.name] = step.run(ctx)
             progress.advance(task, step.weight)
     return done
+
+
+def analyze_model(
+    model: AttnOnlyTransformer | str | os.PathLike,
+    corpus_tokens: CorpusSplits | None = None,
+    training_log: list[TrainingPoint] | None = None,
+    show_progress: bool = True,
+    seed: int = 0,
+    user_tokens: UserTokens | None = None,
+) -> Results:
+    """``qkov.analyze(model)``: :func:`analyze` on a model, or on a checkpoint folder as ``qkov
+    analyze folder`` reads it (any folder :func:`qkov.open_model` opens, its weights checked, its
+    ``metrics.jsonl`` as the training log unless ``training_log`` is given), so that the
+    :class:`~qkov.results.Results` are those the command writes to ``results.json``."""
+    if isinstance(model, (str, os.PathLike)):
+        folder = Path(model)
+        model = open_model(folder)
+        check_weight_magnitudes(dict(model.named_parameters()), str(folder))
+        training_log = read_training_log(folder) if training_log is None else training_log
+    return analyze(model, corpus_tokens, training_log, show_progress, seed, user_tokens)
+
+
+class _CallableModule(ModuleType):
+    """This module, which ``qkov.analyze(...)`` calls as :func:`analyze_model`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Results:
+        return analyze_model(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -147,9 +147,12 @@ def model_from_tensors(cfg: Config, tensors: dict[str, torch.Tensor], source: st
 def load(path: str | os.PathLike) -> Transformer:
     """Load a checkpoint folder written by :func:`save` (or by hand with numpy and safetensors).
 
-    The tokenizer, when the folder has one, is ``model.tokenizer``.
+    The tokenizer, when the folder has one, is ``model.tokenizer``. A path to a file in the folder
+    (its ``model.safetensors``, ``config.json``) means the folder.
     """
     folder = Path(path)
+    if folder.is_file() and folder.suffix in (".json", ".safetensors"):
+        folder = folder.parent
     if not folder.is_dir():
         raise QkovError(f"{folder}: no such checkpoint folder")
     cfg = load_config(folder)

@@ -86,6 +86,24 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
         raise
 
 
+LFS_POINTER = b"version https://git-lfs.github.com/spec"
+
+
+def check_not_lfs_pointer(file: Path) -> None:
+    """One line for a weights file that is a git-lfs pointer (a small text file naming the real one),
+    which a clone without ``git lfs`` leaves in place of the weights."""
+    try:
+        with open(file, "rb") as f:
+            head = f.read(len(LFS_POINTER))
+    except OSError:
+        return
+    if head == LFS_POINTER:
+        raise QkovError(
+            f"{file}: a git-lfs pointer, not the weights (run `git lfs pull` in its repository, or download "
+            "the file itself)"
+        )
+
+
 def read_json(file: Path) -> Any:
     """Parsed JSON, or one :class:`QkovError` line naming the file when it is not valid JSON text."""
     try:

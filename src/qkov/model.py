@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -42,11 +43,14 @@ from einops import einsum, rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
+from qkov.cache import ActivationCache
 from qkov.config import Config
 from qkov.errors import QkovError
+from qkov.hooks import HookFn, Hooks, Recorder
 from qkov.loss import unembed_cross_entropy
-from qkov.names import hook_name, norm_name, scale_hook
+from qkov.names import hook_name, hook_points, norm_name, scale_hook
 from qkov.rotary import frequencies, rotate
+from qkov.text import is_text, to_str_tokens, to_string, to_tokens
 
 _GROUPED = ("W_K", "W_V", "b_K", "b_V")
 
@@ -207,15 +211,19 @@ class Attention(nn.Module):
         x: Float[Tensor, "batch pos d_model"],
         qk_positions: Float[Tensor, "pos d_model"] | None,
         pattern: Float[Tensor, "batch n_heads dest src"] | None = None,
+        on_pattern: Callable[[Tensor], Tensor] | None = None,
     ) -> tuple[Float[Tensor, "batch n_heads pos d_head"], Float[Tensor, "batch n_heads dest src"]]:
         """Every head's attention-weighted values ``z`` (TransformerLens' ``hook_z``; the write is
-        ``z @ W_O``) and its pattern, frozen when ``pattern`` is given (:meth:`head_writes`)."""
+        ``z @ W_O``) and its pattern, frozen when ``pattern`` is given (:meth:`head_writes`);
+        ``on_pattern(pattern)``, when given, sees the pattern and returns the one to use."""
         if pattern is None:
             q, k, v = self.qkv(x, qk_positions)
             pattern = self.pattern(q, k)
         else:  # frozen attention: only the values are needed
             v = einsum(x, self.W_V, "batch pos d_model, n_heads d_model d_head -> batch n_heads pos d_head")
             v = v if self.b_V is None else v + self.b_V[:, None, :]
+        if on_pattern is not None:
+            pattern = on_pattern(pattern)
         z = einsum(
             pattern, v, "batch n_heads dest src, batch n_heads src d_head -> batch n_heads dest d_head"
         )
@@ -380,9 +388,6 @@ class Block(nn.Module):
         return mid + normalized(self.ln2_post, self.mlp(normalized(self.ln2, mlp_in)))
 
 
-ActivationCache = dict[str, Tensor]
-
-
 class Transformer(nn.Module):
     """A transformer with TransformerLens weight names (see the module docstring).
 
@@ -417,8 +422,11 @@ class Transformer(nn.Module):
 
     def check_tokens(self, tokens: Tensor, max_pos: int | None = None) -> Int[Tensor, "batch pos"]:
         """Validate a batch of token ids (at most ``max_pos``, default ``n_ctx``, per sequence),
-        with a clear error for what does not fit the model, and move it to the model's device."""
+        with a clear error for what does not fit the model, and move it to the model's device.
+        Text (a string or a list of strings) is read through :meth:`to_tokens` first."""
         max_pos = max_pos or self.cfg.n_ctx
+        if is_text(tokens):
+            tokens = self.to_tokens(tokens)
         if not isinstance(tokens, Tensor):
             tokens = torch.as_tensor(tokens)
         if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
@@ -439,6 +447,30 @@ class Transformer(nn.Module):
                 f"[{int(tokens.min())}, {int(tokens.max())}]"
             )
         return tokens.long().to(self.device)
+
+    def _tokenizer(self):
+        if self.tokenizer is None:
+            raise QkovError(
+                "this model has no tokenizer (its folder has no tokenizer.json): pass token ids, "
+                "or set model.tokenizer to a tokenizers.Tokenizer"
+            )
+        return self.tokenizer
+
+    def to_tokens(
+        self, text: str | Sequence[str], prepend_bos: bool | None = None
+    ) -> Int[Tensor, "batch pos"]:
+        """Text as token ids ``[batch, pos]`` on the model's device, as TransformerLens' ``to_tokens``
+        (a list of strings is padded on the right); ``prepend_bos`` None: a start token exactly when
+        the model was trained with one (``cfg.bos_token_id``), see :mod:`qkov.text`."""
+        return to_tokens(self._tokenizer(), self.cfg, text, prepend_bos).to(self.device)
+
+    def to_str_tokens(self, tokens, prepend_bos: bool | None = None) -> list[str] | list[list[str]]:
+        """Each token of ``tokens`` (text or ids) as it reads (:func:`qkov.text.to_str_tokens`)."""
+        return to_str_tokens(self._tokenizer(), self.cfg, tokens, prepend_bos)
+
+    def to_string(self, tokens) -> str | list[str]:
+        """Token ids back to text: a string for one sequence, a list for a batch."""
+        return to_string(self._tokenizer(), tokens)
 
     def embed(
         self, tokens: Int[Tensor, "batch pos"]
@@ -464,7 +496,11 @@ class Transformer(nn.Module):
     def unembed(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
         """Logits of a final residual stream: ``ln_final(resid) @ W_U + b_U`` (soft-capped,
         ``cap * tanh(logits / cap)``, when the model says so)."""
-        logits = normalized(self.ln_final, resid) @ self.W_U
+        return self._logits(normalized(self.ln_final, resid))
+
+    def _logits(self, normed: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        """The logits of the stream after ``ln_final``: ``normed @ W_U + b_U``, soft-capped."""
+        logits = normed @ self.W_U
         return self.soft_capped(logits if self.b_U is None else logits + self.b_U)
 
     def soft_capped(self, logits: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "... d_vocab"]:
@@ -496,22 +532,26 @@ class Transformer(nn.Module):
 
     def run_with_cache(
         self,
-        tokens: Int[Tensor, "batch pos"],
+        tokens: Int[Tensor, "batch pos"] | str | Sequence[str],
         patterns: Sequence[Float[Tensor, "batch n_heads dest src"]] | None = None,
         edit_writes: Callable[[int, Tensor], Tensor] | None = None,
         start: tuple[int, Float[Tensor, "runs pos d_model"]] | None = None,
+        fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
     ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]:
-        """Logits and every activation, under TransformerLens' hook names.
+        """Logits and every activation, under TransformerLens' hook names (section "Residual Stream":
+        the final stream is the start of the stream plus every layer's write).
 
-        The cache holds ``hook_embed`` (``W_E[tokens]``), ``hook_pos_embed`` (``W_pos[:pos]``, when
-        the model has positions), and per layer ``l``: ``blocks.{l}.hook_resid_pre``,
-        ``blocks.{l}.attn.hook_pattern`` ``[batch, n_heads, dest, src]``,
-        ``blocks.{l}.attn.hook_result`` (every head's write, ``[batch, pos, n_heads, d_model]``) and
-        ``blocks.{l}.hook_resid_post``. The final residual stream is the start of the stream
-        plus the sum of all head writes (plus every ``b_O`` when the model has biases). With MLPs,
-        also ``blocks.{l}.hook_resid_mid`` (after attention) and ``blocks.{l}.hook_mlp_out`` (the
-        MLP's write, ``b_out`` included); with LayerNorm, each norm's scale ``[batch, pos, 1]``:
+        The cache (:class:`qkov.cache.ActivationCache`, a dict that also reads TransformerLens'
+        short keys, ``cache["pattern", 1]``) holds ``hook_embed`` (``W_E[tokens]``), ``hook_pos_embed``
+        (``W_pos[:pos]`` for every sequence, when the model has positions), and per layer ``l``:
+        ``blocks.{l}.hook_resid_pre``, ``blocks.{l}.attn.hook_pattern`` ``[batch, n_heads, dest, src]``,
+        ``blocks.{l}.attn.hook_z`` ``[batch, pos, n_heads, d_head]``, ``blocks.{l}.attn.hook_result``
+        (every head's write, ``[batch, pos, n_heads, d_model]``), ``blocks.{l}.hook_attn_out`` (their
+        sum plus ``b_O``) and ``blocks.{l}.hook_resid_post``. With MLPs, also
+        ``blocks.{l}.hook_resid_mid`` (after attention) and ``blocks.{l}.hook_mlp_out`` (the MLP's
+        write, ``b_out`` included); with LayerNorm, each norm's scale ``[batch, pos, 1]``:
         ``blocks.{l}.ln1.hook_scale``, ``blocks.{l}.ln2.hook_scale`` and ``ln_final.hook_scale``.
+        :func:`qkov.names.hook_points` lists them in the order the run reaches them.
 
         ``patterns``, one per layer, freezes the attention: the given patterns are used instead of
         the ones the queries and keys would give, and a model without LayerNorm or MLPs is then
@@ -525,24 +565,64 @@ class Transformer(nn.Module):
         it in an earlier run on ``tokens`` (its ``hook_resid_pre``), or several such streams stacked
         along the batch (``[runs * batch, pos, d_model]``, e.g. one per ablation): the layers before it
         are not run and not in the cache, and logits and cache have ``resid``'s batch.
+
+        ``fwd_hooks``: TransformerLens' ``(name or filter, fn)`` pairs (:mod:`qkov.hooks`), each
+        ``fn(activation, hook)`` returning the activation to use from there on, or None.
         """
-        tokens = self.check_tokens(tokens)
+        hooks = Hooks(fwd_hooks, hook_points(self.cfg)) if fwd_hooks else None
+        record = Recorder(hooks)
+        logits = self._run(self.check_tokens(tokens), patterns, edit_writes, start, record)
+        return logits, ActivationCache(record.cache, self.cfg, self.ln_final)
+
+    def run_with_hooks(
+        self,
+        tokens: Int[Tensor, "batch pos"] | str | Sequence[str],
+        fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
+    ) -> Float[Tensor, "batch pos d_vocab"]:
+        """The logits of a run with ``fwd_hooks`` (TransformerLens' ``run_with_hooks``): pairs of a
+        hook name (:func:`qkov.names.hook_points`) or a filter ``filter(name) -> bool`` and a function
+        ``fn(activation, hook)`` that returns the activation to use from there on (activation
+        patching), or None to keep it (``hook.name`` is the point's name). With hooks that return
+        None, the logits are :meth:`run_with_cache`'s, bit for bit."""
+        return self.run_with_cache(tokens, fwd_hooks=fwd_hooks)[0]
+
+    def _run(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        patterns: Sequence[Tensor] | None,
+        edit_writes: Callable[[int, Tensor], Tensor] | None,
+        start: tuple[int, Tensor] | None,
+        record: Recorder,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
+        """:meth:`run_with_cache`'s forward: every activation through ``record``, the logits out."""
         if patterns is not None and len(patterns) != self.cfg.n_layers:
             raise QkovError(f"expected {self.cfg.n_layers} frozen patterns, got {len(patterns)}")
-        resid, qk_positions = self.embed(tokens)
-        first, cache = 0, {}
+        resid, qk_positions = self._embed_with_cache(tokens, record, start is None)
+        first = 0
         if start is not None:
             first, resid = start
-        else:
-            cache["hook_embed"] = self.W_E[tokens]
-        if self.W_pos is not None:
-            cache["hook_pos_embed"] = self.W_pos[: tokens.shape[1]]
         for layer in range(first, self.cfg.n_layers):
             frozen = None if patterns is None else patterns[layer]
-            resid = self._block_with_cache(layer, resid, qk_positions, frozen, edit_writes, cache)
-        if self.ln_final is not None:
-            cache[scale_hook(norm_name(None, "ln_final"))] = self.ln_final.scale(resid)
-        return self.unembed(resid), cache
+            resid = self._block_with_cache(layer, resid, qk_positions, frozen, edit_writes, record)
+        return self._logits(self._norm(self.ln_final, resid, record, norm_name(None, "ln_final")))
+
+    def _embed_with_cache(
+        self, tokens: Int[Tensor, "batch pos"], record: Recorder, with_embed: bool
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Tensor | None]:
+        """:meth:`embed`, with ``hook_embed`` (when ``with_embed``) and ``hook_pos_embed`` through
+        ``record`` (the positions copied when hooked, so that no hook can write into ``W_pos``)."""
+        embed = F.embedding(tokens, self.W_E)
+        if with_embed:
+            embed = record("hook_embed", embed)
+        if self.W_pos is None:
+            return embed, None
+        positions = self.W_pos[: tokens.shape[1]]
+        hooked = record.hooks is not None
+        pos = positions.expand(tokens.shape[0], -1, -1)
+        pos = record("hook_pos_embed", pos.clone() if hooked else pos)
+        if self.cfg.positional_embedding == "standard":
+            return embed + pos, None
+        return embed, pos if hooked else positions
 
     def _block_with_cache(
         self,
@@ -551,44 +631,58 @@ class Transformer(nn.Module):
         qk_positions: Tensor | None,
         frozen: Tensor | None,
         edit_writes: Callable[[int, Tensor], Tensor] | None,
-        cache: ActivationCache,
+        record: Recorder,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """One block of :meth:`run_with_cache`: its activations into ``cache``, the stream after it out."""
+        """One block of :meth:`run_with_cache`: its activations through ``record``, the stream after
+        it out."""
         block = self.blocks[layer]
-        cache[hook_name(layer, "resid_pre")] = resid
-        attn_in = self._norm(block.ln1, resid, cache, norm_name(layer, "ln1"))
-        writes, pattern = block.attn.head_writes(attn_in, qk_positions, frozen)
+        resid = record(hook_name(layer, "resid_pre"), resid)
+        attn_in = self._norm(block.ln1, resid, record, norm_name(layer, "ln1"))
+        attn_out = self._attention_with_cache(layer, attn_in, qk_positions, frozen, edit_writes, record)
+        mid = resid + attn_out
+        if block.mlp is None:
+            return record(hook_name(layer, "resid_post"), mid)
+        mid = record(hook_name(layer, "resid_mid"), mid)
+        mlp_in = self._norm(block.ln2, resid if block.parallel else mid, record, norm_name(layer, "ln2"))
+        mlp_out = self._norm(block.ln2_post, block.mlp(mlp_in), record, norm_name(layer, "ln2_post"))
+        return record(hook_name(layer, "resid_post"), mid + record(hook_name(layer, "mlp_out"), mlp_out))
+
+    def _attention_with_cache(
+        self,
+        layer: int,
+        x: Float[Tensor, "batch pos d_model"],
+        qk_positions: Tensor | None,
+        frozen: Tensor | None,
+        edit_writes: Callable[[int, Tensor], Tensor] | None,
+        record: Recorder,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """One attention layer of :meth:`run_with_cache`: pattern, ``z``, head writes and the layer's
+        whole write (``attn_out``, returned) through ``record``."""
+        block = self.blocks[layer]
+        on_pattern = partial(record, hook_name(layer, "pattern"))
+        z, _ = block.attn.head_values(x, qk_positions, frozen, on_pattern)
+        z = record(hook_name(layer, "z"), z.transpose(1, 2))
+        writes = einsum(
+            z, block.attn.W_O, "batch pos n_heads d_head, n_heads d_head d_model -> batch pos n_heads d_model"
+        )
         if edit_writes is not None:
             writes = edit_writes(layer, writes)
         bias = block.attn.b_O
         if block.ln1_post is not None:  # the norm of the layer's whole write, split over its heads
             total = writes.sum(dim=2) if bias is None else writes.sum(dim=2) + bias
-            scale = cache[scale_hook(norm_name(layer, "ln1_post"))] = block.ln1_post.scale(total)
+            scale = record(scale_hook(norm_name(layer, "ln1_post")), block.ln1_post.scale(total))
             writes = block.ln1_post.linear(writes, scale[..., None, :])
             bias = block.ln1_post(torch.zeros_like(total) if bias is None else bias.expand_as(total), scale)
-        cache[hook_name(layer, "pattern")] = pattern
-        cache[hook_name(layer, "result")] = writes
-        mid = resid + writes.sum(dim=2)
-        if bias is not None:
-            mid = mid + bias
-        if block.mlp is None:
-            cache[hook_name(layer, "resid_post")] = mid
-            return mid
-        cache[hook_name(layer, "resid_mid")] = mid
-        mlp_in = self._norm(block.ln2, resid if block.parallel else mid, cache, norm_name(layer, "ln2"))
-        mlp_out = cache[hook_name(layer, "mlp_out")] = self._norm(
-            block.ln2_post, block.mlp(mlp_in), cache, norm_name(layer, "ln2_post")
-        )
-        resid = cache[hook_name(layer, "resid_post")] = mid + mlp_out
-        return resid
+        writes = record(hook_name(layer, "result"), writes)
+        out = writes.sum(dim=2)
+        return record(hook_name(layer, "attn_out"), out if bias is None else out + bias)
 
     @staticmethod
-    def _norm(ln: LayerNorm | None, x: Tensor, cache: ActivationCache, name: str) -> Tensor:
-        """``ln(x)``, with its scale recorded in ``cache`` as ``{name}.hook_scale``."""
+    def _norm(ln: LayerNorm | None, x: Tensor, record: Recorder, name: str) -> Tensor:
+        """``ln(x)``, with its scale through ``record`` as ``{name}.hook_scale``."""
         if ln is None:
             return x
-        scale = cache[scale_hook(name)] = ln.scale(x)
-        return ln(x, scale)
+        return ln(x, record(scale_hook(name), ln.scale(x)))
 
 
 def sinusoidal_positions(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_model"]:

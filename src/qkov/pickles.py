@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.torch_version import TorchVersion
 
 from qkov.errors import QkovError
+from qkov.io import check_not_lfs_pointer
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
 SAFE_TORCH = (2, 10)  # the first torch without a known weights_only bypass (see the module docstring)
@@ -60,9 +61,10 @@ def read_pickle(file: Path) -> Any:
     check_torch_for_pickles(file)
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise refusal(file, err) from None
     except Exception as err:  # the restricted unpickler fails on a damaged file in many ways (IndexError...)
+        check_not_lfs_pointer(file)
+        if isinstance(err, pickle.UnpicklingError):
+            raise refusal(file, err) from None
         reason = str(err).splitlines()[0].split(". ")[0] if str(err) else type(err).__name__
         raise QkovError(f"{file}: not a readable PyTorch pickle ({reason})") from None
 

@@ -25,7 +25,7 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import save_file
 
 from qkov.errors import QkovError
-from qkov.io import atomic_write
+from qkov.io import atomic_write, check_not_lfs_pointer
 
 CHECKSUM_KEY = "qkov_sha256"
 
@@ -110,6 +110,7 @@ def read_tensor_file(file: str | os.PathLike) -> tuple[dict[str, torch.Tensor], 
     try:
         tensors, metadata = open_tensors(file)
     except (SafetensorError, OSError, RuntimeError, ValueError, struct.error) as err:
+        check_not_lfs_pointer(file)
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise QkovError(f"{file}: truncated or corrupt safetensors file ({reason})") from None
     verify_checksum(tensors, metadata, str(file))

@@ -67,7 +67,7 @@ from qkov.circuits.paths import Frozen, _linear_read, freeze, post_linear
 from qkov.config import Config
 from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name, norm_name, parse_head
+from qkov.names import head_name, head_names, norm_name, parse_head
 from qkov.numbers import finite
 
 RECENT_WINDOW_MAX = 8
@@ -264,14 +264,15 @@ def correction(
     model: AttnOnlyTransformer,
     tokens: Int[Tensor, "batch pos"],
     period: int,
-    induction: list[str],
-    previous: list[str],
+    induction: list[str] | str,
+    previous: list[str] | str,
     described: str = "repeated random tokens",
     start: int = 0,
 ) -> Correction:
     """The corrected composition picture (module docstring) on ``tokens``, random tokens repeating
     every ``period`` positions after ``start`` positions (1 after a start token), for the given
-    ``induction`` and ``previous``-token heads."""
+    ``induction`` and ``previous``-token heads (one name is one head)."""
+    induction, previous = head_names(induction), head_names(previous)
     tokens = model.check_tokens(tokens)
     frozen = freeze(model, tokens)
     cfg = model.cfg

@@ -45,7 +45,7 @@ from qkov.circuits.paths import Frozen, freeze
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.model import AttnOnlyTransformer
-from qkov.names import parse_head
+from qkov.names import head_names, parse_head
 from qkov.numbers import finite
 
 MECHANISM_SHARE = 0.5
@@ -110,11 +110,12 @@ def induction_mechanisms(
     model: AttnOnlyTransformer,
     tokens: Int[Tensor, "batch pos"],
     period: int,
-    heads: list[str],
+    heads: list[str] | str,
     described: str = "repeated random tokens",
 ) -> list[InductionMechanism]:
-    """The mechanism of each of ``heads`` on ``tokens`` (random tokens repeating every ``period``),
-    from one frozen run."""
+    """The mechanism of each of ``heads`` (one name is one head) on ``tokens`` (random tokens
+    repeating every ``period``), from one frozen run."""
+    heads = head_names(heads)
     tokens = model.check_tokens(tokens)
     with torch.no_grad():
         frozen = freeze(model, tokens)
