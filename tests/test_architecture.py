@@ -38,6 +38,8 @@ LAYERS = (
         "distributed",
         "pickles",
         "rotary",
+        "schedule",
+        "hub_cache",
     }
     | {"training_log", "sizes", "tensorfile"},
     {"model", "cache", "hooks", "text", "checkpoint", "data"},
@@ -128,8 +130,9 @@ def test_no_function_is_longer_than_a_screen():
 @pytest.mark.parametrize(
     "module, absent",
     [
-        ("qkov", ("qkov.train", "qkov.distributed", "qkov.report")),
+        ("qkov", ("torch", "qkov.train", "qkov.distributed", "qkov.report")),
         ("qkov.serve", ("qkov.report", "qkov.train")),
+        ("qkov.cli", ("torch",)),  # qkov --version, --help and argument errors answer at once
     ],
 )
 def test_importing_loads_only_what_it_needs(module, absent):

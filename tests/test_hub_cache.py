@@ -18,7 +18,7 @@ import torch
 import qkov
 from families import random_hf_model
 from qkov.cli import main
-from qkov.interop.hub_cache import hub_cache_folder, hub_name, resolve_source
+from qkov.hub_cache import hub_cache_folder, hub_name, resolve_source
 
 pytest.importorskip("transformers")
 

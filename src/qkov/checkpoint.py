@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.io import atomic_write_text, read_json
+from qkov.io import atomic_write_text, checkpoint_folder, read_json
 from qkov.model import Transformer
 from qkov.sizes import check_model_size
 from qkov.tensorfile import read_tensor_file, write_tensors
@@ -150,11 +150,7 @@ def load(path: str | os.PathLike) -> Transformer:
     The tokenizer, when the folder has one, is ``model.tokenizer``. A path to a file in the folder
     (its ``model.safetensors``, ``config.json``) means the folder.
     """
-    folder = Path(path)
-    if folder.is_file() and folder.suffix in (".json", ".safetensors"):
-        folder = folder.parent
-    if not folder.is_dir():
-        raise QkovError(f"{folder}: no such checkpoint folder")
+    folder = checkpoint_folder(path)
     cfg = load_config(folder)
     tensors, _ = read_tensors(folder / WEIGHTS_FILE)
     model = model_from_tensors(cfg, tensors, str(folder / WEIGHTS_FILE))

@@ -44,10 +44,10 @@ from qkov.data.random_tokens import loss_per_repeat, repeated_random_tokens
 from qkov.data.tokens import window_starts, windows_at
 from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
+from qkov.schedule import EVAL_TOKENS
 
 REPEAT_SEQUENCES = 32  # repeated random sequences scored at each evaluation
 EVAL_CHUNK = 32  # held-out windows whose logits are alive at once during an evaluation
-EVAL_TOKENS = 32768  # held-out tokens scored at each evaluation, unless told otherwise
 EVAL_SEED_OFFSET = 7919  # the evaluation's random inputs come from ``seed + EVAL_SEED_OFFSET``
 ICL_BLOCK = 8  # overlapping held-out windows per block (see the module docstring)
 # Olsson et al.'s in-context-learning score: "the loss of the 500th token in the context minus the

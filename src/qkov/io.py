@@ -145,3 +145,18 @@ def check_writable_folder(folder: str | os.PathLike, option: str = "--out") -> P
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def checkpoint_folder(path: str | os.PathLike) -> Path:
+    """The folder a model is read from: ``path`` itself, or the folder of a file in it (its
+    ``model.safetensors``, ``config.json``); one line when there is no such folder."""
+    folder = Path(path)
+    if folder.is_file() and folder.suffix in (".json", ".safetensors"):
+        folder = folder.parent
+    if folder.is_file():
+        raise QkovError(
+            f"{folder}: a file, not a model's folder (qkov import reads a weights file of its own)"
+        )
+    if not folder.is_dir():
+        raise QkovError(f"{folder}: no such checkpoint folder")
+    return folder

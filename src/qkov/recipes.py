@@ -16,7 +16,7 @@ from typing import Any
 
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.train import TrainConfig
+from qkov.schedule import TrainConfig
 
 PRESETS = ("default", "paper")
 

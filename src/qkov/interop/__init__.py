@@ -18,10 +18,10 @@ from pathlib import Path
 
 from qkov.checkpoint import load, save
 from qkov.errors import QkovError
+from qkov.hub_cache import resolve_source
 from qkov.interop.agreement import checked_agreement, log_prob_difference, reference_file
 from qkov.interop.fold import Folded, FoldNote, fold
 from qkov.interop.hf import from_hf
-from qkov.interop.hub_cache import resolve_source
 from qkov.interop.mapping import from_weights
 from qkov.interop.source import config_file, read_config_file, weights_file
 from qkov.interop.tl_legacy import is_legacy
@@ -32,6 +32,7 @@ from qkov.interop.transformer_lens import (
     to_transformer_bridge,
     to_transformer_lens,
 )
+from qkov.io import checkpoint_folder
 from qkov.model import Transformer
 
 __all__ = [
@@ -78,12 +79,8 @@ def open_model(path: str | os.PathLike) -> Transformer:
     one is imported in memory and folded, as ``qkov import`` would write it. A path to a file in the
     folder means the folder. A Hugging Face name, ``org/name`` or ``org/name@revision``, that is no
     existing path is read from the local Hugging Face cache, never downloaded
-    (:mod:`qkov.interop.hub_cache`)."""
-    folder = resolve_source(path)
-    if folder.is_file() and folder.suffix in (".json", ".safetensors"):
-        folder = folder.parent
-    if not folder.is_dir():
-        raise QkovError(f"{folder}: no such checkpoint folder")
+    (:mod:`qkov.hub_cache`)."""
+    folder = checkpoint_folder(resolve_source(path))
     data = read_config_file(folder / "config.json")
     if "positional_embedding" in data or "model_type" not in data and not _is_transformer_lens(data):
         return load(folder)
