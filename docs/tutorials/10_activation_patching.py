@@ -23,7 +23,7 @@ torch.manual_seed(0)
 cfg = qkov.Config(n_layers=2, n_heads=4, d_model=64, d_head=16, d_vocab=64, n_ctx=32)
 model = qkov.Transformer(cfg)
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-for step in range(300):
+for _ in range(300):
     period = int(torch.randint(4, 17, ()))
     tokens = torch.randint(0, cfg.d_vocab, (64, period)).repeat(1, cfg.n_ctx // period + 1)[:, : cfg.n_ctx]
     logits = model(tokens)
