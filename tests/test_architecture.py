@@ -9,7 +9,8 @@ The layers, lowest first (``qkov.x`` is ``x``; a package stands for all its modu
 1. the model, its files and the data it reads: model, cache, hooks, text, checkpoint, data
 2. models in and out: interop, and the hand-written models whose answers are known (handbuilt)
 3. the paper's ideas, one module each: circuits
-4. what runs them: evaluation, train, training_run, recipes, results, context, analyze, claims, series
+4. what runs them: evaluation, train, training_run, recipes, results, sidecar, context, analyze, claims,
+   series
 5. what shows them: report, serve, view
 6. commands: reproduce, cli, the package itself (``qkov/__init__.py``, ``__main__``)
 """
@@ -45,7 +46,8 @@ LAYERS = (
     {"model", "cache", "hooks", "text", "checkpoint", "data"},
     {"interop", "handbuilt"},
     {"circuits"},
-    {"evaluation", "train", "training_run", "recipes", "results", "context", "analyze", "claims", "series"},
+    {"evaluation", "train", "training_run", "recipes", "results", "sidecar", "context", "analyze", "claims"}
+    | {"series"},
     {"report", "serve", "view"},
     {"reproduce", "cli", "__init__", "__main__"},
 )

@@ -391,11 +391,12 @@ ENDPOINTS = [
     "/", "/static/app.js", "/static/{any}", "/api/model", "/api/vocab", "/api/text", "/api/paths",
     "/api/data",
     "/api/data/row", "/api/data/paths", "/api/heads", "/api/head/{head}/ov", "/api/head/{head}/qk",
-    "/api/head/{head}/skip-trigrams", "/api/circuit", "/api/pair", "/api/neuron", "/api/stats",
+    "/api/head/{head}/skip-trigrams", "/api/circuit", "/api/pair", "/api/pairs", "/api/neuron", "/api/stats",
     "/api/jobs/{any}", "/{any}",
 ]  # fmt: skip
 PARAMETERS = ["prefix", "k", "text", "pos", "offset", "limit", "row", "token", "source", "destination",
-              "writer", "reader", "kind", "layer", "neuron", "name"]  # fmt: skip
+              "writer", "reader", "kind", "layer", "neuron", "name", "writer_layer",
+              "reader_layer"]  # fmt: skip
 VALUES = (
     st.text(max_size=30)
     | st.integers().map(str)

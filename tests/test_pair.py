@@ -70,3 +70,28 @@ def test_pair_view_of_an_unfolded_layer_norm_model_is_the_dense_reference(tmp_pa
             )
             for sign in (1.0, -1.0)
         ), (kind, i)
+
+
+def test_pairs_are_analyzes_strongest_first_filtered_and_paged(served):
+    client, model = served
+    results = analyze(model, show_progress=False, steps=["composition"])
+    body = get(client, "/api/pairs", kind="V", limit=5)
+    assert body["total"] == len(results.composition.V)
+    assert [(p["writer"], p["reader"]) for p in body["pairs"]] == [
+        (p.writer, p.reader) for p in results.composition.top["V"][:5]
+    ]
+    assert [p["score"] for p in body["pairs"]] == pytest.approx(
+        [p.score for p in results.composition.top["V"][:5]], abs=1e-12
+    )
+    every = get(client, "/api/pairs", kind="K", writer_layer=0, reader_layer=1, limit=100)["pairs"]
+    page = get(client, "/api/pairs", kind="K", writer_layer=0, reader_layer=1, offset=2, limit=3)
+    assert page["pairs"] == every[2:5] and page["total"] == model.cfg.n_heads**2 == len(every)
+    assert all(a["score"] >= b["score"] for a, b in zip(every, every[1:], strict=False))
+    assert get(client, "/api/pairs", kind="Q", writer_layer=1)["total"] == 0  # nothing after the last layer
+    for params, message in (
+        ({"reader_layer": 2}, "reader_layer=2 out of range: the model has layers 0 to 1"),
+        ({"offset": -1}, "offset=-1, limit=20: a page starts at 0"),
+        ({"limit": 101}, "holds 1 to 100"),
+    ):
+        response = client.get("/api/pairs", params=params)
+        assert 400 <= response.status_code < 500 and message in response.json()["error"]

@@ -100,6 +100,10 @@ def without_later_keys(old: dict) -> dict:
             head.pop("previous_token_score_se"), head.pop("induction_score_se")
     if old["composition"]:  # version 4: the random composition scores' spread
         assert old["composition"].pop("baseline_sd") > 0
+        top, layers = old["composition"].pop("top"), old["composition"].pop("layers")  # added since
+        for kind in ("Q", "K", "V"):  # the strongest pairs, and one strongest score per layer pair
+            assert top[kind] == sorted(old["composition"][kind], key=lambda p: -p["score"])[: len(top[kind])]
+            assert [row[1:] for row in layers[kind][:1]] == [[top[kind][0]["score"]]]
     for key in ("d_vocab_out", "bos_token_id"):
         assert old["config"].pop(key) is None
     if old["attention_examples"]:

@@ -300,3 +300,28 @@ def test_a_random_model_has_no_induction_head_to_explain(random_server, browser)
     assert found, guide
     assert driver.find_elements("css selector", "#guide button") == []
     driver.save_screenshot(str(ARTIFACTS / "serve-random-guide.png"))
+
+
+def test_list_the_strongest_pairs_by_layer_and_compare_one_in_headless_chromium(server, browser):
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    driver.get(server + "#")
+    layers = "#pairs-writer-layer option"
+    wait_for(driver, lambda d: texts(d, layers) == ["any", "0", "1"], "the layer filters")
+    Select(driver.find_element("id", "pairs-writer-layer")).select_by_value("0")
+    Select(driver.find_element("id", "pairs-reader-layer")).select_by_value("1")
+    driver.find_element("id", "pairs-go").click()
+    listed = "Pairs 1–4 of 4, strongest first"
+    wait_for(driver, lambda d: listed in d.find_element("id", "pairs").text, "the pairs")
+    scores = [float(s) for s in texts(driver, "#pairs tr td:nth-child(4)")]
+    assert scores == sorted(scores, reverse=True)
+    writer, reader = (texts(driver, f"#pairs tr td:nth-child({n})")[0] for n in (2, 3))
+    assert reader == "L1H0"  # K-composition is strongest into the induction head
+    driver.find_elements("css selector", "#pairs tr.clickable")[0].click()
+    check = "K-composition induction check"
+    wait_for(driver, lambda d: check in d.find_element("id", "pair").text, "the pair")
+    assert driver.find_element("id", "writer").get_attribute("value") == writer
+    driver.save_screenshot(str(ARTIFACTS / "serve-pairs.png"))
+    errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    assert errors == [], errors

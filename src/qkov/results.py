@@ -48,6 +48,7 @@ from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text
 from qkov.numbers import FAILS, HOLDS
+from qkov.sidecar import SIDECAR_FIELDS, SidecarRef, join_arrays, sidecar_file, split_arrays, write_sidecar
 from qkov.training_log import TrainingPoint
 
 # 4: three-valued claims with their figures and errors, the phase change's control on an absolute
@@ -169,10 +170,21 @@ def to_json(results: Results | Reproduction) -> str:
     return ANY_RESULTS.dump_json(results, indent=1).decode() + "\n"
 
 
+JSON_TREE: TypeAdapter[Any] = TypeAdapter(Any)
+
+
 def write_results(results: Results | Reproduction, folder: Path) -> Path:
-    """``folder/results.json``, written atomically."""
+    """``folder/results.json``, written atomically; its big arrays, if any, first in the sidecar
+    beside it (:mod:`qkov.sidecar`), and a sidecar an earlier run left there removed when none is."""
     file = folder / "results.json"
-    atomic_write_text(file, to_json(results))
+    data = ANY_RESULTS.dump_python(results, mode="json")
+    tensors, described = split_arrays(data, file)
+    if tensors:
+        write_sidecar(file, tensors, described)
+        atomic_write_text(file, JSON_TREE.dump_json(data, indent=1).decode() + "\n")
+    else:
+        atomic_write_text(file, to_json(results))
+        sidecar_file(file).unlink(missing_ok=True)
     return file
 
 
@@ -183,10 +195,11 @@ def _validation_message(err: ValidationError) -> str:
 
 
 def load_results(path: str | Path) -> Results | Reproduction:
-    """Read a ``results.json`` (of ``qkov analyze`` or ``qkov reproduce``) into its typed form.
+    """Read a ``results.json`` (of ``qkov analyze`` or ``qkov reproduce``) into its typed form, with
+    the arrays it keeps in its sidecar (:mod:`qkov.sidecar`) put back.
 
     Raises :class:`QkovError` with one line for a missing or unreadable file, a ``schema_version``
-    this qkov does not read, or a field of the wrong type."""
+    this qkov does not read, a missing, damaged or mismatched sidecar, or a field of the wrong type."""
     file = Path(path)
     try:
         data: Any = json.loads(file.read_text(encoding="utf-8"))
@@ -198,6 +211,7 @@ def load_results(path: str | Path) -> Results | Reproduction:
             f"{file}: schema_version {version!r}, but this qkov reads version {SCHEMA_VERSION} "
             "(rerun qkov analyze or qkov reproduce to write it again)"
         )
+    join_arrays(data, file)
     adapter = TypeAdapter(Reproduction if "models" in data else Results)
     try:
         return adapter.validate_python(data)
@@ -205,9 +219,33 @@ def load_results(path: str | Path) -> Results | Reproduction:
         raise QkovError(f"{file}: {_validation_message(err)}") from None
 
 
+def referenced_def(prop: dict[str, Any]) -> str:
+    """The name of the ``$defs`` entry a property refers to (directly or as one of ``anyOf``)."""
+    refs = [prop.get("$ref")] + [alt.get("$ref") for alt in prop.get("anyOf", [])]
+    return next(ref for ref in refs if ref is not None).rsplit("/", 1)[-1]
+
+
+def allow_sidecar_refs(schema: dict[str, Any]) -> None:
+    """Let each field of :data:`~qkov.sidecar.SIDECAR_FIELDS` be a :class:`~qkov.sidecar.SidecarRef`
+    instead: what ``results.json`` holds in its place when its rows are in the sidecar."""
+    defs = schema["$defs"]
+    defs["SidecarRef"] = TypeAdapter(SidecarRef).json_schema(mode="serialization")
+    for path in SIDECAR_FIELDS:
+        owner = "Results"
+        for part in path[:-1]:
+            owner = referenced_def(defs[owner]["properties"][part])
+        prop = defs[owner]["properties"][path[-1]]
+        kept = {key: prop.pop(key) for key in ("title", "default", "description") if key in prop}
+        alternatives = prop["anyOf"] if list(prop) == ["anyOf"] else [prop]
+        reference = {"$ref": "#/$defs/SidecarRef"}
+        defs[owner]["properties"][path[-1]] = kept | {"anyOf": [*alternatives, reference]}
+
+
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of ``results.json``, generated from these types (either kind of file)."""
+    """The JSON Schema of ``results.json``, generated from these types (either kind of file), where
+    the fields that may be kept in the sidecar (:mod:`qkov.sidecar`) may also be its reference."""
     schema = ANY_RESULTS.json_schema(mode="serialization")
+    allow_sidecar_refs(schema)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": f"qkov results.json, schema_version {SCHEMA_VERSION}",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -39,6 +39,7 @@ from qkov.names import head_name, parse_head
 
 KINDS = ("Q", "K", "V")
 BASELINE_SAMPLES = 100
+TOP_PAIRS = 32  # the strongest pairs of each kind Composition.top keeps, for a reader of a big model
 # A product of every writer's rows with every reader's columns, as one d_head x d_head block per pair.
 PAIR_BLOCKS = (
     "(layer_from head_from d_head) (head_to d_head_to) -> layer_from head_from head_to d_head d_head_to"
@@ -260,29 +261,76 @@ class CompositionPair:
 class Composition:
     """Q-, K- and V-composition of every earlier head into every later one (section "Two-Layer
     Attention-Only Transformers"), against ``baseline``, the expected score of random heads, and
-    ``baseline_sd``, the random scores' standard deviation."""
+    ``baseline_sd``, the random scores' standard deviation. What a reader of a model of hundreds of
+    heads reads instead of every pair: ``top``, each kind's :data:`TOP_PAIRS` strongest pairs
+    (highest ``score`` first), and ``layers``, each kind's strongest score from any head of one layer
+    into any head of another (``layers[kind][writer layer][reader layer]``, None unless the reader's
+    layer is later). Both are empty in a file written before they were kept."""
 
     baseline: float
     Q: list[CompositionPair]
     K: list[CompositionPair]
     V: list[CompositionPair]
     baseline_sd: float | None = None
+    top: dict[str, list[CompositionPair]] = field(default_factory=dict)
+    layers: dict[str, list[list[float | None]]] = field(default_factory=dict)
+
+
+def strongest_pairs(
+    raw: Float[Tensor, "layer_from head_from layer_to head_to"],
+    baseline: float,
+    k: int,
+    writer_layer: int | None = None,
+    reader_layer: int | None = None,
+    offset: int = 0,
+) -> tuple[list[CompositionPair], int]:
+    """The pairs ranked ``offset`` to ``offset + k`` by baseline-subtracted score, highest first, of
+    those whose writer is in ``writer_layer`` and reader in ``reader_layer`` (any, when None), and
+    how many pairs there are of those (NaN, a reader not later than its writer, is no pair)."""
+    scores = raw.detach().double().cpu() - baseline
+    n_layers = scores.shape[0]
+    keep = ~torch.isnan(scores)
+    if writer_layer is not None:
+        keep[torch.arange(n_layers) != writer_layer] = False
+    if reader_layer is not None:
+        keep[:, :, torch.arange(n_layers) != reader_layer] = False
+    index = keep.flatten().nonzero().squeeze(1)
+    values = scores.flatten()[index]
+    order = values.argsort(descending=True, stable=True)[offset : offset + k]
+    pairs = []
+    for flat, value in zip(index[order].tolist(), values[order].tolist(), strict=True):
+        l1, h1, l2, h2 = (int(i) for i in np.unravel_index(flat, scores.shape))
+        pairs.append(CompositionPair(head_name(l1, h1), head_name(l2, h2), value + baseline, baseline, value))
+    return pairs, int(index.numel())
+
+
+def layer_maxima(
+    raw: Float[Tensor, "layer_from head_from layer_to head_to"], baseline: float
+) -> list[list[float | None]]:
+    """The strongest baseline-subtracted score from any head of each layer into any head of each
+    later one, ``[writer layer][reader layer]``; None where the reader's layer is not later."""
+    scores = torch.nan_to_num(raw.detach().double().cpu(), nan=-math.inf).amax(dim=(1, 3)) - baseline
+    return [[None if math.isinf(x) else x for x in row] for row in scores.tolist()]
 
 
 def composition(model: AttnOnlyTransformer) -> Composition:
-    """Every pair's raw score of each kind beside the paper's baseline-subtracted one."""
+    """Every pair's raw score of each kind beside the paper's baseline-subtracted one, each kind's
+    strongest pairs and its strongest score between each two layers."""
     baseline = composition_baseline(model.cfg.d_model, model.cfg.d_head)
+    raw = all_raw_composition_scores(model, KINDS)
     pairs = {
         kind: [
-            CompositionPair(head_name(l1, h1), head_name(l2, h2), float(raw), baseline, float(raw) - baseline)
-            for (l1, h1, l2, h2), raw in np.ndenumerate(scores.cpu().numpy())
-            if not math.isnan(raw)
+            CompositionPair(head_name(l1, h1), head_name(l2, h2), float(x), baseline, float(x) - baseline)
+            for (l1, h1, l2, h2), x in np.ndenumerate(scores.cpu().numpy())
+            if not math.isnan(x)
         ]
-        for kind, scores in all_raw_composition_scores(model, KINDS).items()
+        for kind, scores in raw.items()
     }
     return Composition(
-        baseline=baseline, **pairs, baseline_sd=composition_baseline_sd(model.cfg.d_model, model.cfg.d_head)
-    )
+        baseline=baseline, **pairs, baseline_sd=composition_baseline_sd(model.cfg.d_model, model.cfg.d_head),
+        top={kind: strongest_pairs(scores, baseline, TOP_PAIRS)[0] for kind, scores in raw.items()},
+        layers={kind: layer_maxima(scores, baseline) for kind, scores in raw.items()},
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 Weights" and "How Induction Heads Work"): their Q-, K- and V-composition scores against the random
 baseline, the strongest directions of the virtual weight through which one feeds the other, and the
 K-composition induction check (the eigenvalue positivity of the token-level K-composition
-circuit), all from the functions ``qkov analyze`` calls.
+circuit), all from the functions ``qkov analyze`` calls; and the pairs of a kind strongest first,
+filtered by the writer's and the reader's layer and paged, which a model of many heads is read by.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import torch
 
@@ -16,6 +18,7 @@ from qkov.circuits.composition import (
     all_raw_composition_scores,
     composition_baseline,
     k_composition_positivity,
+    strongest_pairs,
 )
 from qkov.circuits.paths import virtual_weights
 from qkov.errors import QkovError
@@ -23,20 +26,56 @@ from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Progress
 
 PARTNER = {"K": "W_Q", "Q": "W_K"}  # what meets a key (query) direction in the reader's attention score
+PAGE_MAX = 100  # pairs in one page of the strongest
 DIRECTIONS = 3  # singular directions of a virtual weight shown: the rest are usually near zero
 
 
-def composition_tables(ex: Explorer, progress: Progress) -> dict:
-    """Raw Q/K/V composition scores of every pair, the baseline, and the K-composition
-    positivity, as tensors (kept on the explorer, computed once)."""
-    progress.step(0, 2, "composition scores of every pair")
-    raw = all_raw_composition_scores(ex.circuit, KINDS)
-    progress.step(1, 2, "K-composition circuits' eigenvalues")
+def composition_scores(ex: Explorer, progress: Progress) -> dict:
+    """Raw Q/K/V composition scores of every pair and the baseline (kept on the explorer, computed
+    once)."""
+    progress.step(0, 1, "composition scores of every pair")
     return {
-        "raw": raw,
+        "raw": all_raw_composition_scores(ex.circuit, KINDS),
         "baseline": composition_baseline(ex.cfg.d_model, ex.cfg.d_head),
-        "positivity": k_composition_positivity(ex.circuit),
     }
+
+
+def composition_tables(ex: Explorer, progress: Progress) -> dict:
+    """:func:`composition_scores` and the K-composition positivity, as tensors (kept on the
+    explorer, computed once)."""
+    scores = ex.once("composition_scores", lambda: composition_scores(ex, progress))
+    progress.step(1, 2, "K-composition circuits' eigenvalues")
+    return scores | {"positivity": k_composition_positivity(ex.circuit)}
+
+
+def check_pairs_page(
+    ex: Explorer, writer_layer: int | None, reader_layer: int | None, offset: int, limit: int
+) -> None:
+    """Refuse, in one line, a page of pairs that cannot be: a model of one layer, a layer it does
+    not have, a negative offset or a page of fewer than 1 or more than :data:`PAGE_MAX` pairs."""
+    n_layers = ex.cfg.n_layers
+    if n_layers < 2:
+        raise QkovError("no composition: heads compose only across two layers or more")
+    for name, layer in (("writer_layer", writer_layer), ("reader_layer", reader_layer)):
+        if layer is not None and not 0 <= layer < n_layers:
+            raise QkovError(f"{name}={layer} out of range: the model has layers 0 to {n_layers - 1}")
+    if offset < 0 or not 1 <= limit <= PAGE_MAX:
+        raise QkovError(f"offset={offset}, limit={limit}: a page starts at 0 or after, holds 1 to {PAGE_MAX}")
+
+
+def strongest_view(
+    scores: dict, kind: str, writer_layer: int | None, reader_layer: int | None, offset: int, limit: int
+) -> dict:
+    """One page of the pairs of ``kind``, strongest first (:func:`strongest_pairs`), of those whose
+    writer and reader are in the layers given (any, when None), and how many there are: the list a
+    model of many heads is read by, instead of a map of every pair."""
+    pairs, total = strongest_pairs(
+        scores["raw"][kind], scores["baseline"], limit, writer_layer, reader_layer, offset
+    )
+    return {
+        "kind": kind, "writer_layer": writer_layer, "reader_layer": reader_layer, "offset": offset,
+        "total": total, "baseline": scores["baseline"], "pairs": [asdict(p) for p in pairs],
+    }  # fmt: skip
 
 
 def _ends(ex: Explorer, values: torch.Tensor, k: int, outputs: bool = False) -> dict:

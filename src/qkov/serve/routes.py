@@ -20,7 +20,13 @@ from qkov.serve.explorer import Explorer
 from qkov.serve.head import head_scores, ov_for_token, qk_for_token, skip_trigrams
 from qkov.serve.jobs import Jobs, Progress, encode
 from qkov.serve.neuron import check_neuron, neuron_view
-from qkov.serve.pair import composition_tables, pair_view
+from qkov.serve.pair import (
+    check_pairs_page,
+    composition_scores,
+    composition_tables,
+    pair_view,
+    strongest_view,
+)
 from qkov.serve.text import check_paths, path_terms, run_text, typed_targets
 
 ASSETS = {  # the only files served: name -> media type
@@ -193,6 +199,19 @@ def pair_router(ex: Explorer, jobs: Jobs) -> APIRouter:
             return pair_view(ex, tables, writer, reader, kind, k)
 
         return answer(("pair", writer, reader, kind, k), compute)
+
+    @router.get("/api/pairs", summary="Pairs of heads of one kind, strongest first, by layer, paged")
+    def pairs(
+        kind: Kind = "K", writer_layer: int | None = None, reader_layer: int | None = None, offset: int = 0,
+        limit: int = 20,
+    ) -> Response:  # fmt: skip
+        check_pairs_page(ex, writer_layer, reader_layer, offset, limit)
+
+        def compute(progress: Progress) -> dict:
+            scores = ex.once("composition_scores", lambda: composition_scores(ex, progress))
+            return strongest_view(scores, kind, writer_layer, reader_layer, offset, limit)
+
+        return answer(("pairs", kind, writer_layer, reader_layer, offset, limit), compute)
 
     return router
 

@@ -368,6 +368,40 @@ function setPairSelects() {
   $('kind').value = state.kind;
 }
 
+// -- the strongest pairs: a page at a time, filtered by layer (a model of many heads has too many to draw) --
+var PAIRS_PAGE = 20, pairsOffset = 0, pairsTotal = 0;
+function setLayerSelects(n_layers) {
+  ['pairs-writer-layer', 'pairs-reader-layer'].forEach(function (id) {
+    var select = clear($(id));
+    select.appendChild(el('option', { value: '', text: 'any' }));
+    for (var layer = 0; layer < n_layers; layer++) select.appendChild(el('option', { value: String(layer), text: String(layer) }));
+  });
+}
+function pagePairs(step) {
+  var next = pairsOffset + step * PAIRS_PAGE;
+  if (next < 0 || (step > 0 && next >= pairsTotal)) return;
+  pairsOffset = next;
+  listPairs();
+}
+function listPairs() {
+  var params = { kind: $('pairs-kind').value, offset: pairsOffset, limit: PAIRS_PAGE };
+  if ($('pairs-writer-layer').value !== '') params.writer_layer = $('pairs-writer-layer').value;
+  if ($('pairs-reader-layer').value !== '') params.reader_layer = $('pairs-reader-layer').value;
+  var box = clear($('pairs'));
+  api('/api/pairs?' + query(params), 'composition scores of every pair').then(function (body) {
+    pairsTotal = body.total;
+    var rows = body.pairs.map(function (p, i) {
+      var tr = el('tr', { cls: 'clickable' }, [el('td', { cls: 'num', text: String(body.offset + i + 1) }), el('td', { text: p.writer }),
+        el('td', { text: p.reader }), el('td', { cls: 'num', text: fmt(p.score) }), el('td', { cls: 'num', text: fmt(p.raw) })]);
+      tr.addEventListener('click', function () { $('writer').value = p.writer; $('reader').value = p.reader; $('kind').value = body.kind; showPair(); });
+      return tr;
+    });
+    box.appendChild(table(['rank', 'writer', 'reader', body.kind + '-composition − baseline', 'raw'], rows));
+    box.appendChild(el('p', { cls: 'small', text: body.total === 0 ? 'No pair: the reader\'s layer must come after the writer\'s.' :
+      'Pairs ' + (body.offset + 1) + '–' + (body.offset + body.pairs.length) + ' of ' + body.total + ', strongest first; random baseline ' + fmt(body.baseline) + '.' }));
+  }).catch(report);
+}
+
 function showPair() {
   state.writer = $('writer').value; state.reader = $('reader').value; state.kind = $('kind').value;
   saveState();
@@ -514,11 +548,15 @@ async function start() {
   $('run').addEventListener('click', runText);
   $('trigram-go').addEventListener('click', showTrigrams);
   $('pair-go').addEventListener('click', showPair);
+  $('pairs-go').addEventListener('click', function () { pairsOffset = 0; listPairs(); });
+  $('pairs-previous').addEventListener('click', function () { pagePairs(-1); });
+  $('pairs-next').addEventListener('click', function () { pagePairs(1); });
   $('vocab-search').addEventListener('input', search);
   $('data-previous').addEventListener('click', function () { pageData(-1); });
   $('data-next').addEventListener('click', function () { pageData(1); });
   drawHeadButtons();
   setPairSelects();
+  setLayerSelects(c.n_layers);
   if (model.data) {
     $('data-section').hidden = false;
     if (state.row !== null) dataOffset = Math.floor(state.row / DATA_PAGE) * DATA_PAGE;
