@@ -302,7 +302,7 @@ def test_a_random_model_has_no_induction_head_to_explain(random_server, browser)
     driver.save_screenshot(str(ARTIFACTS / "serve-random-guide.png"))
 
 
-def test_list_the_strongest_pairs_by_layer_and_compare_one_in_headless_chromium(server, browser):
+def test_list_the_strongest_pairs_by_layer_and_compare_one_in_headless_chromium(server, browser, tmp_path):
     from selenium.webdriver.support.ui import Select
 
     driver = browser
@@ -317,7 +317,10 @@ def test_list_the_strongest_pairs_by_layer_and_compare_one_in_headless_chromium(
     scores = [float(s) for s in texts(driver, "#pairs tr td:nth-child(4)")]
     assert scores == sorted(scores, reverse=True)
     writer, reader = (texts(driver, f"#pairs tr td:nth-child({n})")[0] for n in (2, 3))
-    assert reader == "L1H0"  # K-composition is strongest into the induction head
+    _, model = explorer_checkpoint(tmp_path / "same")  # the served model; its strongest K pair first
+    k = qkov.composition_scores(model, "K")[0, :, 1, :]
+    strongest = divmod(int(k.argmax()), model.cfg.n_heads)
+    assert (writer, reader) == (f"L0H{strongest[0]}", f"L1H{strongest[1]}")
     driver.find_elements("css selector", "#pairs tr.clickable")[0].click()
     check = "K-composition induction check"
     wait_for(driver, lambda d: check in d.find_element("id", "pair").text, "the pair")
