@@ -87,3 +87,13 @@ def test_a_model_of_64_heads_keeps_its_maps_of_every_pair():
     assert "maps of every pair" not in html
     assert 'aria-label="K-composition raw"' in html and "L3H15" in html
     assert isinstance(r.composition, Composition) and len(r.composition.top["K"]) == TOP_PAIRS
+
+
+def test_a_composition_shown_alone_in_a_notebook_knows_its_heads(many):
+    """A notebook draws a ``Composition`` with no config beside it: the section counts the heads
+    from the pairs, and a model of 1,024 heads gets its per-layer maps there too."""
+    _, results = many
+    html = results.composition._repr_html_()
+    assert "This model has 1,024 heads" in html
+    small = analyze(AttnOnlyTransformer(Config(2, 2, 16, 8, 20, 8)), show_progress=False, weights_only=True)
+    assert "This model has" not in small.composition._repr_html_()

@@ -29,6 +29,8 @@ _HOMES: dict[str, str] = {
     "score_parts": "qkov.circuits.attribution",
     "ScoreParts": "qkov.circuits.attribution",
     "attribution_patching": "qkov.circuits.attribution_patching",
+    "composition": "qkov.circuits.composition",
+    "Composition": "qkov.circuits.composition",
     "composition_baseline": "qkov.circuits.composition",
     "composition_scores": "qkov.circuits.composition",
     "k_composition_circuit": "qkov.circuits.composition",
@@ -116,6 +118,8 @@ if TYPE_CHECKING:  # what a type checker and an IDE read: the same names, import
     from qkov.circuits.attribution import ScoreParts, score_attribution, score_parts
     from qkov.circuits.attribution_patching import attribution_patching
     from qkov.circuits.composition import (
+        Composition,
+        composition,
         composition_baseline,
         composition_scores,
         k_composition_circuit,
@@ -174,6 +178,8 @@ __all__ = [
     "analyze",
     "attribution_patching",
     "AttnOnlyTransformer",
+    "Composition",
+    "composition",
     "Config",
     "Copying",
     "CopyingComparison",

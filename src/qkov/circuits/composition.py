@@ -165,7 +165,9 @@ def composition_scores(
 
     With ``subtract_baseline`` (the paper's default), the expected score of random matrices of the
     same shapes (:func:`composition_baseline`) is subtracted, so about 0 means "no more than
-    chance"; without it the raw score, as TransformerLens' ``all_composition_scores`` gives it.
+    chance"; without it the raw score, as TransformerLens' ``all_composition_scores`` gives it. The
+    same pairs labelled by head name (``L0H1`` into ``L1H2``), beside the baseline and its spread,
+    drawn in a notebook: :func:`composition`.
     """
     scores = raw_composition_scores(model, kind)
     if subtract_baseline:

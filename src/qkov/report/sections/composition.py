@@ -28,8 +28,8 @@ def composition_section(r: Results) -> str:
     composition = r.composition
     if composition is None:
         return ""
-    if r.config.n_layers * r.config.n_heads > HEAD_MAPS_MAX:
-        return many_heads_section(r, composition)
+    if heads_and_layers(composition)[0] > HEAD_MAPS_MAX:
+        return many_heads_section(composition)
     grids = {}
     for kind, pairs in (("Q", composition.Q), ("K", composition.K), ("V", composition.V)):
         writers = sorted({p.writer for p in pairs}, key=parse_head)
@@ -56,10 +56,19 @@ def composition_section(r: Results) -> str:
     )
 
 
-def many_heads_section(r: Results, composition: Composition) -> str:
+def heads_and_layers(composition: Composition) -> tuple[int, int]:
+    """How many heads and layers the pairs name (every head writes into a later layer or reads an
+    earlier one), from the result alone: a section reads its own field only (a notebook shows a
+    ``Composition`` without the rest of the results)."""
+    heads = {name for pair in composition.K for name in (pair.writer, pair.reader)}
+    layers = {parse_head(name)[0] for name in heads}
+    return len(heads), max(layers, default=-1) + 1
+
+
+def many_heads_section(composition: Composition) -> str:
     """A model of more than :data:`HEAD_MAPS_MAX` heads: a layer x layer map of each kind's strongest
     score, and each kind's strongest pairs (module docstring)."""
-    heads, n_layers = r.config.n_layers * r.config.n_heads, r.config.n_layers
+    heads, n_layers = heads_and_layers(composition)
     shown = (
         f"This model has {heads:,} heads: instead of {heads:,} x {heads:,} maps of every pair, this section "
         "shows, for each kind, the strongest score from any head of one layer into any head of another, "
