@@ -36,6 +36,7 @@ from torch import Tensor
 
 from qkov.checkpoint import expected_shapes, model_from_tensors
 from qkov.config import Config
+from qkov.interop.lazy_model import LazyTransformer
 from qkov.model import Transformer
 from qkov.rotary import rotation
 
@@ -194,7 +195,10 @@ def circuit_model(model: Transformer, offsets: range = ANALYSIS_OFFSETS) -> Tran
     unfolded import reads exactly as a folded one; and for a model with any of
     :data:`VIEW_FEATURES`, its *circuit view* (:func:`circuit_view`, rotary QK circuits averaged
     over ``offsets``), whose weights hold what those features add to each circuit. Only the
-    weights of the result are meant to be read: a circuit view's forward is not the model's."""
+    weights of the result are meant to be read: a circuit view's forward is not the model's. A lazy
+    model's (:mod:`qkov.interop.lazy`) is a lazy model too, folded and viewed layer by layer."""
+    if isinstance(model, LazyTransformer):
+        return model.circuit(offsets)
     folded = fold(model).model if model.cfg.affine_norms else model
     if not any(feature in VIEW_FEATURES for feature in folded.cfg.features):
         return folded
