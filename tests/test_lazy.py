@@ -105,6 +105,9 @@ def test_lazy_forward_runs_layer_by_layer(tmp_path):
     eager, lazy = qkov.open_model(folder), qkov.open_model(folder, lazy=True)
     tokens = torch.randint(0, eager.cfg.d_vocab, (2, 9), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(lazy(tokens), eager(tokens), rtol=1e-6, atol=1e-6)
+    with pytest.raises(QkovError, match="a lazy model .* cannot be saved"):
+        qkov.save(lazy, tmp_path / "out")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
 def test_lazy_qkov_checkpoint(tmp_path):

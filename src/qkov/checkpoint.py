@@ -47,6 +47,11 @@ def save(model: Transformer, path: str | os.PathLike, tokenizer: Tokenizer | Non
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise QkovError(f"{folder}: exists and is not a folder")
+    if not isinstance(model.blocks, torch.nn.ModuleList):
+        raise QkovError(
+            f"{folder}: a lazy model holds only its embeddings in memory and cannot be saved; import "
+            "the source instead (qkov import, or qkov.open_model without lazy, then save)"
+        )
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     tensors = {name: p.detach().contiguous().cpu() for name, p in model.named_parameters()}
     write_tensors(folder / WEIGHTS_FILE, tensors)  # with a checksum of the tensors, checked on load
