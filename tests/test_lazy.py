@@ -237,11 +237,12 @@ def saved_at_depth(folder: Path, layers: int) -> Path:
 
 
 MiB = 2**20
-# what the analyses keep of every layer, in float32: every head's W_Q, W_K, W_V, W_O (grouped keys
-# and values repeated per query head, as the circuit view holds them: 4 x 512 x 512 x 4 B = 4 MiB)
-# and the full OV circuit's factors W_E W_V and W_O W_U that copying keeps (2 x 2048 x 512 x 4 B =
-# 8 MiB); a layer's own weights in float32 (15 MiB here) come on top of that if they are kept
-KEPT_PER_LAYER = 4 * 512 * 512 * 4 + 2 * 2048 * 512 * 4
+# what the analyses keep of every layer: every head's W_Q, W_K, W_V, W_O stacked in float32 (grouped
+# keys and values repeated per query head, as the circuit view holds them: 4 x 512 x 512 x 4 B = 4
+# MiB), the stacks of the step in progress beside those of the step's inputs, and copying's float64
+# copy of W_V and W_O for its eigenvalues (4 MiB): 12 MiB a layer (measured: 9.5); a layer's own
+# weights in float32 (15 MiB here) would come on top of that if they were kept
+KEPT_PER_LAYER = 3 * 4 * 512 * 512 * 4
 SLACK = 32 * MiB  # allocator and page noise between two runs
 
 
