@@ -160,7 +160,7 @@ def bad_folder(kind, folder):
             lambda: (tlf(), rewrite_config(folder, d_mlp=21)),
             r"tensor blocks.0.mlp.W_in has shape \(12, 20\), config expects \(12, 21\)",
         ),
-        "no folder": (lambda: None, "no such folder"),
+        "no folder": (lambda: None, "no such file or folder"),
     }
     return cases[kind]
 

@@ -54,7 +54,7 @@ def test_model_safetensors_wins_over_a_pickle_and_a_given_config_over_the_folder
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda f: None, r"src: no such folder$"),
+        (lambda f: None, r"src: no such file or folder$"),
         (lambda f: f.mkdir(), r"src: no model.safetensors and no .pt, .pth or .bin state dict$"),
         (
             lambda f: (f.mkdir(), torch.save({}, f / "b.pt"), torch.save({}, f / "a.bin")),

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text, checkpoint_folder, read_json
-from qkov.model import Transformer
+from qkov.model import Block, Transformer
 from qkov.sizes import check_model_size
 from qkov.tensorfile import read_tensor_file, write_tensors
 
@@ -35,8 +35,7 @@ def expected_shapes(cfg: Config) -> tuple[dict[str, tuple[int, ...]], dict[str, 
     required: dict[str, tuple[int, ...]] = {}
     optional: dict[str, tuple[int, ...]] = {}
     for name, param in model.named_parameters():
-        bias = name.rsplit(".", 1)[-1].lstrip("_").startswith("b_")
-        (optional if bias else required)[name] = tuple(param.shape)
+        (optional if is_bias(name) else required)[name] = tuple(param.shape)
     return required, optional
 
 
@@ -48,6 +47,11 @@ def save(model: Transformer, path: str | os.PathLike, tokenizer: Tokenizer | Non
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise QkovError(f"{folder}: exists and is not a folder")
+    if not isinstance(model.blocks, torch.nn.ModuleList):
+        raise QkovError(
+            f"{folder}: a lazy model holds only its embeddings in memory and cannot be saved; import "
+            "the source instead (qkov import, or qkov.open_model without lazy, then save)"
+        )
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     tensors = {name: p.detach().contiguous().cpu() for name, p in model.named_parameters()}
     write_tensors(folder / WEIGHTS_FILE, tensors)  # with a checksum of the tensors, checked on load
@@ -82,15 +86,26 @@ def all_finite(tensor: torch.Tensor) -> bool:
 def check_weights(cfg: Config, tensors: dict[str, torch.Tensor], source: str) -> bool:
     """Validate tensor names, shapes, dtypes and values against ``cfg``; return whether biases
     are present."""
-    required, optional = expected_shapes(cfg)
+    return check_tensors(*expected_shapes(cfg), tensors, source, f"a {cfg.n_layers}-layer model")
+
+
+def check_tensors(
+    required: dict[str, tuple[int, ...]],
+    optional: dict[str, tuple[int, ...]],
+    tensors: dict[str, torch.Tensor],
+    source: str,
+    what: str,
+    values: bool = True,
+) -> bool:
+    """:func:`check_weights` against the ``required`` and ``optional`` names and shapes of ``what``
+    (a model, or one block of a lazy model); ``values``: also dtypes and finiteness (not for
+    tensors without data, on PyTorch's meta device). Returns whether biases are present."""
     missing = [name for name in required if name not in tensors]
     if missing:
         raise QkovError(f"{source}: missing tensor {missing[0]} (config expects {len(required)} tensors)")
     unexpected = [name for name in tensors if name not in required and name not in optional]
     if unexpected:
-        raise QkovError(
-            f"{source}: unexpected tensor {unexpected[0]} (not part of a {cfg.n_layers}-layer model)"
-        )
+        raise QkovError(f"{source}: unexpected tensor {unexpected[0]} (not part of {what})")
     for name, tensor in tensors.items():
         shape = required.get(name) or optional[name]
         if tuple(tensor.shape) != shape:
@@ -99,9 +114,40 @@ def check_weights(cfg: Config, tensors: dict[str, torch.Tensor], source: str) ->
             )
         if not tensor.dtype.is_floating_point:
             raise QkovError(f"{source}: tensor {name} has dtype {tensor.dtype}, expected floating point")
-        if not all_finite(tensor):
+        if values and not all_finite(tensor):
             raise QkovError(f"{source}: tensor {name} has non-finite values (NaN or inf)")
     return any(name in optional for name in tensors)
+
+
+def block_shapes(cfg: Config, layer: int, biases: bool = True) -> dict[str, tuple[int, ...]]:
+    """The names (``blocks.{layer}.…``) and shapes of one block's parameters, built without memory."""
+    with torch.device("meta"):
+        block = Block(cfg, biases, layer)
+    return {f"blocks.{layer}.{name}": tuple(p.shape) for name, p in block.named_parameters()}
+
+
+def block_from_tensors(
+    cfg: Config, layer: int, tensors: dict[str, torch.Tensor], biases: bool, dtype: torch.dtype, source: str
+) -> Block:
+    """Block ``layer`` of a model of ``cfg`` holding exactly ``tensors`` (by their names in the
+    model, validated as :func:`model_from_tensors` validates a model's) in ``dtype``; an absent
+    bias is zero. What a lazy model (:mod:`qkov.interop.lazy`) builds as it reads a layer."""
+    every = block_shapes(cfg, layer)
+    required = {name: shape for name, shape in every.items() if not is_bias(name)}
+    optional = {name: shape for name, shape in every.items() if is_bias(name)}
+    check_tensors(required, optional, tensors, source, f"layer {layer}")
+    block = Block(cfg, biases, layer).to(dtype)
+    prefix = f"blocks.{layer}."
+    with torch.no_grad():
+        for name, param in block.named_parameters():
+            tensor = tensors.get(prefix + name)
+            param.copy_(tensor) if tensor is not None else param.zero_()
+    return block.requires_grad_(False)
+
+
+def is_bias(name: str) -> bool:
+    """Whether a parameter's name is a bias's (``b_Q``, ``_b_K``, ``b_U``, ...; not a norm's ``b``)."""
+    return name.rsplit(".", 1)[-1].lstrip("_").startswith("b_")
 
 
 def load_tokenizer(path: str | os.PathLike, d_vocab: int | None = None) -> Tokenizer | None:

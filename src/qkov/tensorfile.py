@@ -6,6 +6,13 @@ metadata under :data:`CHECKSUM_KEY`; :func:`read_tensor_file` recomputes it and 
 a file whose tensors no longer match. A file without the key (written by another tool, or by an
 older qkov) is read as it is.
 
+:func:`map_tensor_file` reads a file lazily instead: its header is parsed and checked (every
+tensor's dtype, shape and byte range, the ranges tiling the data exactly, the file's length), and
+each tensor is a :class:`MappedTensor`, brought in by :meth:`MappedTensor.read` as a zero-copy,
+memory-mapped view of its own bytes (unmapped once the view is dropped, so that what a reader has
+touched does not stay resident). The checksum, one hash over every tensor, is verified at open by
+streaming the tensors one at a time.
+
 The safetensors writer keeps the metadata in a hash map, so the same tensors and metadata give a
 header whose keys come in another order run after run; :func:`write_tensors` rewrites the header
 with its keys sorted (same length, in place), so identical runs write identical bytes.
@@ -15,10 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_bytes
@@ -32,9 +43,14 @@ CHECKSUM_KEY = "qkov_sha256"
 
 def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
     """The SHA-256 (hex) of every tensor's name, dtype, shape and bytes, in name order."""
+    return _digest((name, tensors[name]) for name in sorted(tensors))
+
+
+def _digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """:func:`tensors_checksum` of tensors given one at a time, in name order."""
     digest = hashlib.sha256()
-    for name in sorted(tensors):
-        tensor = tensors[name].detach()
+    for name, tensor in named:
+        tensor = tensor.detach()
         digest.update(json.dumps([name, str(tensor.dtype), list(tensor.shape)]).encode())
         flat = tensor.cpu().contiguous().reshape(-1)
         if flat.numel():
@@ -74,10 +90,14 @@ def verify_checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, str], 
     nothing when it holds none."""
     expected = metadata.get(CHECKSUM_KEY)
     if expected is not None and tensors_checksum(tensors) != expected:
-        raise QkovError(
-            f"{source}: the tensors do not match the checksum written with them ({CHECKSUM_KEY} in its "
-            "metadata): the file was changed or damaged after it was written"
-        )
+        raise checksum_error(source)
+
+
+def checksum_error(source: str) -> QkovError:
+    return QkovError(
+        f"{source}: the tensors do not match the checksum written with them ({CHECKSUM_KEY} in its "
+        "metadata): the file was changed or damaged after it was written"
+    )
 
 
 def open_tensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -114,4 +134,93 @@ def read_tensor_file(file: str | os.PathLike) -> tuple[dict[str, torch.Tensor], 
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise QkovError(f"{file}: truncated or corrupt safetensors file ({reason})") from None
     verify_checksum(tensors, metadata, str(file))
+    return tensors, metadata
+
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+MAX_HEADER = 100_000_000  # safetensors' own limit on the header's length
+
+
+@dataclass(frozen=True)
+class MappedTensor:
+    """One tensor of a safetensors file, not read yet: its dtype, shape and byte range in the file."""
+
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    nbytes: int
+
+    def read(self) -> torch.Tensor:
+        """The tensor, a zero-copy view of its bytes mapped copy-on-write (writes stay in memory);
+        the mapping lives as long as the view (and what views it). One line when the file has been
+        cut short since it was opened (reading past its end would crash the process)."""
+        if not self.nbytes:
+            return torch.empty(self.shape, dtype=self.dtype)
+        try:
+            if self.file.stat().st_size < self.start + self.nbytes:
+                raise OSError("shorter than when it was opened")
+            raw = np.memmap(self.file, dtype=np.uint8, mode="c", offset=self.start, shape=(self.nbytes,))
+        except (OSError, ValueError) as err:
+            raise QkovError(f"{self.file}: cannot read its tensors any more ({err})") from None
+        return torch.from_numpy(raw).view(self.dtype).reshape(self.shape)
+
+    def meta(self) -> torch.Tensor:
+        """A tensor of the same dtype and shape without data (PyTorch's meta device)."""
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+
+def map_tensor_file(file: str | os.PathLike) -> tuple[dict[str, MappedTensor], dict[str, str]]:
+    """Every tensor of a safetensors file as a :class:`MappedTensor`, and the metadata: the header
+    checked as safetensors checks it, and the tensors against their checksum when the file has one
+    (streamed, one tensor mapped at a time); one line for a file missing, truncated or corrupt."""
+    file = Path(file)
+    if not file.is_file():
+        raise QkovError(f"{file}: missing")
+    try:
+        tensors, metadata = _mapped_header(file)
+    except (OSError, ValueError, TypeError, KeyError, struct.error) as err:
+        check_not_lfs_pointer(file)
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise QkovError(f"{file}: truncated or corrupt safetensors file ({reason})") from None
+    expected = metadata.get(CHECKSUM_KEY)
+    if expected is not None and _digest((n, tensors[n].read()) for n in sorted(tensors)) != expected:
+        raise checksum_error(str(file))
+    return tensors, metadata
+
+
+def _mapped_header(file: Path) -> tuple[dict[str, MappedTensor], dict[str, str]]:
+    """The header's tensors and metadata; ValueError (or a JSON, key or type error) for anything
+    safetensors would refuse."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > MAX_HEADER or 8 + length > size:
+            raise ValueError("header too large, or the file is cut short")
+        header = json.loads(f.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError("__metadata__ is not a map of strings")
+    tensors, end = {}, 0
+    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
+        if entry.get("dtype") not in SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor {name}: unknown dtype {entry.get('dtype')!r}")
+        dtype, shape, (begin, stop) = (
+            SAFETENSORS_DTYPES[entry["dtype"]],
+            entry["shape"],
+            entry["data_offsets"],
+        )
+        if not all(isinstance(n, int) and n >= 0 for n in [*shape, begin, stop]):
+            raise ValueError(f"tensor {name}: shape and offsets must be non-negative integers")
+        if begin != end or stop - begin != math.prod(shape) * dtype.itemsize:
+            raise ValueError(f"tensor {name}: its bytes do not follow the previous tensor's or fit its shape")
+        tensors[name], end = MappedTensor(file, dtype, tuple(shape), 8 + length + begin, stop - begin), stop
+    if 8 + length + end != size:
+        raise ValueError(f"the tensors need {end} bytes of data, the file holds {size - 8 - length}")
     return tensors, metadata

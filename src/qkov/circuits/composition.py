@@ -219,8 +219,7 @@ def k_composition_positivity(
         values_in = rearrange(W_V, "n_layers n_heads d_model d_head -> (n_layers n_heads d_head) d_model")
         keys_out = rearrange(W_O, "n_layers n_heads d_head d_model -> (n_layers n_heads d_head) d_model")
         readers = "head_to d_model d_head_to -> d_model (head_to d_head_to)"
-        smalls = []
-        for layer_to in range(1, cfg.n_layers):
+        for layer_to in range(1, cfg.n_layers):  # one reader layer at a time: its pairs only in memory
             writers = layer_to * cfg.n_heads * cfg.d_head
             queries = rearrange(gram @ W_Q[layer_to], readers)  # W_E^T W_E W_Q2
             values = values_in[:writers] @ queries  # blocks W_V1^T G W_Q2
@@ -229,9 +228,8 @@ def k_composition_positivity(
                 rearrange(x, PAIR_BLOCKS, layer_from=layer_to, head_from=cfg.n_heads, head_to=cfg.n_heads)
                 for x in (keys, values)
             )
-            smalls.append((keys_blocks.mT @ values_blocks).flatten(0, 2))  # [pairs, d_head, d_head]
-        positivity = eigenvalue_positivity(_eigvals(torch.cat(smalls))).split([len(x) for x in smalls])
-        for layer_to, scores in enumerate(positivity, start=1):
+            small = (keys_blocks.mT @ values_blocks).flatten(0, 2)  # [pairs, d_head, d_head]
+            scores = eigenvalue_positivity(_eigvals(small))
             out[:layer_to, :, layer_to] = scores.reshape(layer_to, cfg.n_heads, cfg.n_heads)
     return out
 

@@ -22,6 +22,7 @@ from qkov.hub_cache import resolve_source
 from qkov.interop.agreement import checked_agreement, log_prob_difference, reference_file
 from qkov.interop.fold import Folded, FoldNote, fold
 from qkov.interop.hf import from_hf
+from qkov.interop.lazy import open_lazy
 from qkov.interop.mapping import from_weights
 from qkov.interop.source import config_file, read_config_file, weights_file
 from qkov.interop.tl_legacy import is_legacy
@@ -72,15 +73,22 @@ def folder_kind(src: Path, config: str | os.PathLike | None = None) -> str:
     )
 
 
-def open_model(path: str | os.PathLike) -> Transformer:
+def open_model(path: str | os.PathLike, lazy: bool = False) -> Transformer:
     """Any model folder, as ``qkov analyze``, ``info`` and ``serve`` take it: a qkov checkpoint is
     loaded (:func:`qkov.load`); a Hugging Face folder (any family of :mod:`qkov.interop.adapters`,
     one ``model.safetensors`` or shards with ``model.safetensors.index.json``) or a TransformerLens
     one is imported in memory and folded, as ``qkov import`` would write it. A path to a file in the
     folder means the folder. A Hugging Face name, ``org/name`` or ``org/name@revision``, that is no
     existing path is read from the local Hugging Face cache, never downloaded
-    (:mod:`qkov.hub_cache`)."""
+    (:mod:`qkov.hub_cache`).
+
+    With ``lazy`` (Hugging Face and qkov safetensors folders), nothing but the embeddings, the final
+    norm and the unembedding is read at open: each layer is read from the memory-mapped weights when
+    it is used, and the weight-based analyses read the model folded layer by layer, in memory that
+    does not grow with the depth (:mod:`qkov.interop.lazy`)."""
     folder = checkpoint_folder(resolve_source(path))
+    if lazy:
+        return open_lazy(folder)
     data = read_config_file(folder / "config.json")
     if "positional_embedding" in data or "model_type" not in data and not _is_transformer_lens(data):
         return load(folder)

@@ -81,8 +81,9 @@ def llama_config(kind: LlamaLike, data: dict, where: str) -> Config:
     )
 
 
-def llama_layer(kind: LlamaLike, read: Reader, cfg: Config, layer: int, out: dict) -> None:
+def llama_layer(kind: LlamaLike, read: Reader, cfg: Config, layer: int) -> dict[str, Tensor]:
     """One decoder layer's tensors."""
+    out: dict[str, Tensor] = {}
     p, q = f"model.layers.{layer}.", f"blocks.{layer}."
     a = p + "self_attn."
     if kind.fused:
@@ -99,6 +100,7 @@ def llama_layer(kind: LlamaLike, read: Reader, cfg: Config, layer: int, out: dic
     llama_mlp(kind, read, layer, out)
     for ours, theirs in llama_norm_names(kind):
         norm(out, q + ours, read, p + theirs, kind.gemma)
+    return out
 
 
 def llama_norm_names(kind: LlamaLike) -> list[tuple[str, str]]:
@@ -144,19 +146,17 @@ def llama_mlp(kind: LlamaLike, read: Reader, layer: int, out: dict) -> None:
     )
 
 
-def llama_tensors(kind: LlamaLike, read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
+def llama_ends(kind: LlamaLike, read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     embed = read("model.embed_tokens.weight")
     out["W_E"] = embed.double() * scaled_sqrt(cfg.d_model) if kind.gemma else embed
-    for layer in range(cfg.n_layers):
-        llama_layer(kind, read, cfg, layer, out)
     norm(out, "ln_final", read, "model.norm", kind.gemma)
     unembed(out, read, data, "model.embed_tokens.weight")
     return out
 
 
 def llama_like(kind: LlamaLike) -> Family:
-    return Family(partial(llama_config, kind), partial(llama_tensors, kind))
+    return Family(partial(llama_config, kind), partial(llama_ends, kind), partial(llama_layer, kind))
 
 
 # -- GPT-NeoX (Pythia), GPT-J, GPT-Neo, OPT, GPTBigCode --------------------------------------------
@@ -193,36 +193,39 @@ def split_per_head(
     return weights, tuple(bias.reshape(n_heads, 3, -1)[:, i].flatten() for i in range(3))
 
 
-def neox_tensors(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
+def neox_ends(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {"W_E": read("gpt_neox.embed_in.weight")}
-    h = cfg.n_heads
-    for layer in range(cfg.n_layers):
-        p, q = f"gpt_neox.layers.{layer}.", f"blocks.{layer}."
-        w, b = split_per_head(
-            read(p + "attention.query_key_value.weight"),
-            read.optional(p + "attention.query_key_value.bias"),
-            h,
-        )
-        attention(
-            out,
-            layer,
-            cfg,
-            *w,
-            read(p + "attention.dense.weight"),
-            (*b, read.optional(p + "attention.dense.bias")),
-        )
-        mlp(
-            out,
-            layer,
-            read(p + "mlp.dense_h_to_4h.weight"),
-            read(p + "mlp.dense_4h_to_h.weight"),
-            read(p + "mlp.dense_h_to_4h.bias"),
-            read(p + "mlp.dense_4h_to_h.bias"),
-        )
-        norm(out, q + "ln1", read, p + "input_layernorm")
-        norm(out, q + "ln2", read, p + "post_attention_layernorm")
     norm(out, "ln_final", read, "gpt_neox.final_layer_norm")
     unembed(out, read, data, "gpt_neox.embed_in.weight", head="embed_out")
+    return out
+
+
+def neox_layer(read: Reader, cfg: Config, layer: int) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    p, q = f"gpt_neox.layers.{layer}.", f"blocks.{layer}."
+    w, b = split_per_head(
+        read(p + "attention.query_key_value.weight"),
+        read.optional(p + "attention.query_key_value.bias"),
+        cfg.n_heads,
+    )
+    attention(
+        out,
+        layer,
+        cfg,
+        *w,
+        read(p + "attention.dense.weight"),
+        (*b, read.optional(p + "attention.dense.bias")),
+    )
+    mlp(
+        out,
+        layer,
+        read(p + "mlp.dense_h_to_4h.weight"),
+        read(p + "mlp.dense_4h_to_h.weight"),
+        read(p + "mlp.dense_h_to_4h.bias"),
+        read(p + "mlp.dense_4h_to_h.bias"),
+    )
+    norm(out, q + "ln1", read, p + "input_layernorm")
+    norm(out, q + "ln2", read, p + "post_attention_layernorm")
     return out
 
 
@@ -258,24 +261,32 @@ def gptj_config(data: dict, where: str) -> Config:
     )
 
 
-def gptj_tensors(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
-    out: dict[str, Tensor] = {"W_E": read("transformer.wte.weight")}
-    for layer in range(cfg.n_layers):
-        p, q = f"transformer.h.{layer}.", f"blocks.{layer}."
-        a = p + "attn."
-        attention(out, layer, cfg, *(read(a + f"{x}_proj.weight") for x in ("q", "k", "v", "out")))
-        mlp(
-            out,
-            layer,
-            read(p + "mlp.fc_in.weight"),
-            read(p + "mlp.fc_out.weight"),
-            read(p + "mlp.fc_in.bias"),
-            read(p + "mlp.fc_out.bias"),
-        )
-        norm(out, q + "ln1", read, p + "ln_1")
-        out[q + "ln2.w"], out[q + "ln2.b"] = out[q + "ln1.w"], out[q + "ln1.b"]  # one norm feeds both
+def gpt2_style_ends(read: Reader, cfg: Config, data: dict, positions: bool = True) -> dict[str, Tensor]:
+    """The embedding (with ``positions``, the learned positions), final norm and unembedding of a
+    family that names them as GPT-2 does (``transformer.wte``, ``wpe``, ``ln_f``)."""
+    out = {"W_E": read("transformer.wte.weight")}
+    if positions:
+        out["W_pos"] = read("transformer.wpe.weight")
     norm(out, "ln_final", read, "transformer.ln_f")
     unembed(out, read, data, "transformer.wte.weight")
+    return out
+
+
+def gptj_layer(read: Reader, cfg: Config, layer: int) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    p, q = f"transformer.h.{layer}.", f"blocks.{layer}."
+    a = p + "attn."
+    attention(out, layer, cfg, *(read(a + f"{x}_proj.weight") for x in ("q", "k", "v", "out")))
+    mlp(
+        out,
+        layer,
+        read(p + "mlp.fc_in.weight"),
+        read(p + "mlp.fc_out.weight"),
+        read(p + "mlp.fc_in.bias"),
+        read(p + "mlp.fc_out.bias"),
+    )
+    norm(out, q + "ln1", read, p + "ln_1")
+    out[q + "ln2.w"], out[q + "ln2.b"] = out[q + "ln1.w"], out[q + "ln1.b"]  # one norm feeds both
     return out
 
 
@@ -306,30 +317,27 @@ def gpt_neo_config(data: dict, where: str) -> Config:
     )
 
 
-def gpt_neo_tensors(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
-    out = {"W_E": read("transformer.wte.weight"), "W_pos": read("transformer.wpe.weight")}
-    for layer in range(cfg.n_layers):
-        p, q = f"transformer.h.{layer}.", f"blocks.{layer}."
-        a = p + "attn.attention."
-        attention(
-            out,
-            layer,
-            cfg,
-            *(read(a + f"{x}_proj.weight") for x in ("q", "k", "v", "out")),
-            (None, None, None, read(a + "out_proj.bias")),
-        )
-        mlp(
-            out,
-            layer,
-            read(p + "mlp.c_fc.weight"),
-            read(p + "mlp.c_proj.weight"),
-            read(p + "mlp.c_fc.bias"),
-            read(p + "mlp.c_proj.bias"),
-        )
-        norm(out, q + "ln1", read, p + "ln_1")
-        norm(out, q + "ln2", read, p + "ln_2")
-    norm(out, "ln_final", read, "transformer.ln_f")
-    unembed(out, read, data, "transformer.wte.weight")
+def gpt_neo_layer(read: Reader, cfg: Config, layer: int) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    p, q = f"transformer.h.{layer}.", f"blocks.{layer}."
+    a = p + "attn.attention."
+    attention(
+        out,
+        layer,
+        cfg,
+        *(read(a + f"{x}_proj.weight") for x in ("q", "k", "v", "out")),
+        (None, None, None, read(a + "out_proj.bias")),
+    )
+    mlp(
+        out,
+        layer,
+        read(p + "mlp.c_fc.weight"),
+        read(p + "mlp.c_proj.weight"),
+        read(p + "mlp.c_fc.bias"),
+        read(p + "mlp.c_proj.bias"),
+    )
+    norm(out, q + "ln1", read, p + "ln_1")
+    norm(out, q + "ln2", read, p + "ln_2")
     return out
 
 
@@ -364,35 +372,38 @@ def opt_config(data: dict, where: str) -> Config:
 OPT_POSITION_OFFSET = 2  # OPT's learned positions start at row 2 (rows 0 and 1 are padding's)
 
 
-def opt_tensors(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
+def opt_ends(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
     pre = "model.decoder."
     out = {
         "W_E": read(pre + "embed_tokens.weight"),
         "W_pos": read(pre + "embed_positions.weight")[OPT_POSITION_OFFSET:],
     }
-    for layer in range(cfg.n_layers):
-        p, q = f"{pre}layers.{layer}.", f"blocks.{layer}."
-        a = p + "self_attn."
-        names = ("q", "k", "v", "out")
-        attention(
-            out,
-            layer,
-            cfg,
-            *(read(a + f"{x}_proj.weight") for x in names),
-            tuple(read.optional(a + f"{x}_proj.bias") for x in names),
-        )
-        mlp(
-            out,
-            layer,
-            read(p + "fc1.weight"),
-            read(p + "fc2.weight"),
-            read.optional(p + "fc1.bias"),
-            read.optional(p + "fc2.bias"),
-        )
-        norm(out, q + "ln1", read, p + "self_attn_layer_norm")
-        norm(out, q + "ln2", read, p + "final_layer_norm")
     norm(out, "ln_final", read, pre + "final_layer_norm")
     unembed(out, read, data, pre + "embed_tokens.weight")
+    return out
+
+
+def opt_layer(read: Reader, cfg: Config, layer: int) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    p, q = f"model.decoder.layers.{layer}.", f"blocks.{layer}."
+    a, names = p + "self_attn.", ("q", "k", "v", "out")
+    attention(
+        out,
+        layer,
+        cfg,
+        *(read(a + f"{x}_proj.weight") for x in names),
+        tuple(read.optional(a + f"{x}_proj.bias") for x in names),
+    )
+    mlp(
+        out,
+        layer,
+        read(p + "fc1.weight"),
+        read(p + "fc2.weight"),
+        read.optional(p + "fc1.bias"),
+        read.optional(p + "fc2.bias"),
+    )
+    norm(out, q + "ln1", read, p + "self_attn_layer_norm")
+    norm(out, q + "ln2", read, p + "final_layer_norm")
     return out
 
 
@@ -407,36 +418,33 @@ def bigcode_config(data: dict, where: str) -> Config:
     )
 
 
-def bigcode_tensors(read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
-    out = {"W_E": read("transformer.wte.weight"), "W_pos": read("transformer.wpe.weight")}
+def bigcode_layer(read: Reader, cfg: Config, layer: int) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
     d, e, h = cfg.d_model, cfg.d_head, cfg.n_heads
-    for layer in range(cfg.n_layers):
-        p, q = f"transformer.h.{layer}.", f"blocks.{layer}."
-        w, b = read(p + "attn.c_attn.weight"), read.optional(p + "attn.c_attn.bias")
-        if cfg.n_kv_heads == 1:  # multi-query: all queries, then the one key and value head
-            parts = w.split([d, e, e]), (b.split([d, e, e]) if b is not None else (None,) * 3)
-        else:
-            parts = split_per_head(w, b, h)
-        attention(
-            out,
-            layer,
-            cfg,
-            *parts[0],
-            read(p + "attn.c_proj.weight"),
-            (*parts[1], read.optional(p + "attn.c_proj.bias")),
-        )
-        mlp(
-            out,
-            layer,
-            read(p + "mlp.c_fc.weight"),
-            read(p + "mlp.c_proj.weight"),
-            read.optional(p + "mlp.c_fc.bias"),
-            read.optional(p + "mlp.c_proj.bias"),
-        )
-        norm(out, q + "ln1", read, p + "ln_1")
-        norm(out, q + "ln2", read, p + "ln_2")
-    norm(out, "ln_final", read, "transformer.ln_f")
-    unembed(out, read, data, "transformer.wte.weight")
+    p, q = f"transformer.h.{layer}.", f"blocks.{layer}."
+    w, b = read(p + "attn.c_attn.weight"), read.optional(p + "attn.c_attn.bias")
+    if cfg.n_kv_heads == 1:  # multi-query: all queries, then the one key and value head
+        parts = w.split([d, e, e]), (b.split([d, e, e]) if b is not None else (None,) * 3)
+    else:
+        parts = split_per_head(w, b, h)
+    attention(
+        out,
+        layer,
+        cfg,
+        *parts[0],
+        read(p + "attn.c_proj.weight"),
+        (*parts[1], read.optional(p + "attn.c_proj.bias")),
+    )
+    mlp(
+        out,
+        layer,
+        read(p + "mlp.c_fc.weight"),
+        read(p + "mlp.c_proj.weight"),
+        read.optional(p + "mlp.c_fc.bias"),
+        read.optional(p + "mlp.c_proj.bias"),
+    )
+    norm(out, q + "ln1", read, p + "ln_1")
+    norm(out, q + "ln2", read, p + "ln_2")
     return out
 
 
@@ -452,9 +460,9 @@ FAMILIES: dict[str, Family] = {
     "olmo2": llama_like(LlamaLike(qk_norm="all", pre_norms=False, post_norms=True)),
     "phi3": llama_like(LlamaLike(fused=True, windows_everywhere=True)),
     "starcoder2": llama_like(LlamaLike(plain_mlp=True, layer_norm=True, windows_everywhere=True)),
-    "gpt_neox": Family(neox_config, neox_tensors),
-    "gptj": Family(gptj_config, gptj_tensors),
-    "gpt_neo": Family(gpt_neo_config, gpt_neo_tensors),
-    "opt": Family(opt_config, opt_tensors),
-    "gpt_bigcode": Family(bigcode_config, bigcode_tensors),
+    "gpt_neox": Family(neox_config, neox_ends, neox_layer),
+    "gptj": Family(gptj_config, partial(gpt2_style_ends, positions=False), gptj_layer),
+    "gpt_neo": Family(gpt_neo_config, gpt2_style_ends, gpt_neo_layer),
+    "opt": Family(opt_config, opt_ends, opt_layer),
+    "gpt_bigcode": Family(bigcode_config, gpt2_style_ends, bigcode_layer),
 }

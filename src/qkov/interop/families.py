@@ -15,7 +15,7 @@ positions drop their two offset rows. GPT-2 itself is read by :mod:`qkov.interop
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,23 +47,24 @@ _BUFFERS = (
 
 class Reader:
     """A source's tensors by name, each taken once; :meth:`finish` refuses any left unread (a tensor
-    the adapter does not know is a feature qkov would silently drop)."""
+    the adapter does not know is a feature qkov would silently drop). ``state`` may read a tensor
+    only when it is asked for (a lazy model's mapped shards): the reader never reads ahead."""
 
-    def __init__(self, state: dict[str, Tensor], where: str) -> None:
-        self.state = {name: t for name, t in state.items() if not name.endswith(_BUFFERS)}
-        self.where, self.used = where, set()
+    def __init__(self, state: Mapping[str, Tensor], where: str) -> None:
+        self.state, self.where, self.used = state, where, set()
+        self.names = {name for name in state if not name.endswith(_BUFFERS)}
 
     def __call__(self, name: str) -> Tensor:
-        if name not in self.state:
+        if name not in self.names:
             raise QkovError(f"{self.where}: missing tensor {name}")
         self.used.add(name)
         return self.state[name]
 
     def optional(self, name: str) -> Tensor | None:
-        return self(name) if name in self.state else None
+        return self(name) if name in self.names else None
 
     def finish(self) -> None:
-        left = sorted(set(self.state) - self.used)
+        left = sorted(self.names - self.used)
         if left:
             raise QkovError(f"{self.where}: unexpected tensor {left[0]} (not part of this model's config)")
 
@@ -220,11 +221,21 @@ def bos(data: dict, vocab: int) -> int | None:
 
 @dataclass(frozen=True)
 class Family:
-    """An adapter: ``config(data, where)`` is the qkov config of a ``config.json``;
-    ``tensors(read, cfg, data)`` fills qkov's tensors from the source's (all read through ``read``)."""
+    """An adapter: ``config(data, where)`` is the qkov config of a ``config.json``; ``ends(read,
+    cfg, data)`` gives qkov's embedding, positions, final norm and unembedding from the source's
+    tensors (all read through ``read``), ``layer(read, cfg, layer)`` one layer's tensors: a lazy
+    model (:mod:`qkov.interop.lazy`) reads one layer at a time, :meth:`tensors` all at once."""
 
     config: Callable[[dict, str], Config]
-    tensors: Callable[[Reader, Config, dict], dict[str, Tensor]]
+    ends: Callable[[Reader, Config, dict], dict[str, Tensor]]
+    layer: Callable[[Reader, Config, int], dict[str, Tensor]]
+
+    def tensors(self, read: Reader, cfg: Config, data: dict) -> dict[str, Tensor]:
+        """Every tensor of the model in qkov's names."""
+        out = self.ends(read, cfg, data)
+        for layer in range(cfg.n_layers):
+            out |= self.layer(read, cfg, layer)
+        return out
 
 
 def head_dim(data: dict, where: str) -> int:

@@ -27,6 +27,7 @@ is not done: the model keeps ``"LN"`` and :func:`fold` says so in its ``note``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,6 +36,7 @@ from torch import Tensor
 
 from qkov.checkpoint import expected_shapes, model_from_tensors
 from qkov.config import Config
+from qkov.interop.lazy_model import LazyTransformer
 from qkov.model import Transformer
 from qkov.rotary import rotation
 
@@ -76,13 +78,15 @@ def reading_names(cfg: Config, layer: int) -> list[str]:
     return [a + "W_Q", a + kv + "W_K", a + kv + "W_V"]
 
 
-def fold_layer_norm(state: dict[str, Tensor], cfg: Config) -> None:
+def fold_layer_norm(state: dict[str, Tensor], cfg: Config, layers: Iterable[int], ends: bool) -> None:
     """Step 1, in place: every pre-sublayer norm's ``w`` (and LayerNorm's ``b``) into the weights that
     read its output; with LayerNorm those are then centred (RMSNorm does not centre: nothing to
     centre for). Norms after a sublayer and query/key norms stay: their scale is computed on what
-    their weight would multiply, so the weight cannot move."""
+    their weight would multiply, so the weight cannot move. ``layers``: those whose tensors
+    ``state`` holds; ``ends``: whether it holds the final norm and the unembedding (a lazy model
+    folds each layer as it reads it)."""
     centre = not cfg.is_rms
-    for layer in range(cfg.n_layers * cfg.pre_norms):
+    for layer in layers if cfg.pre_norms else ():
         ln = f"blocks.{layer}.ln1."
         w, b = state.pop(ln + "w"), state.pop(ln + "b", None)
         for name in reading_names(cfg, layer):
@@ -98,17 +102,20 @@ def fold_layer_norm(state: dict[str, Tensor], cfg: Config) -> None:
                 if b is not None:
                     state[m + f"b_{name}"] = state[m + f"b_{name}"] + b @ W
                 state[m + f"W_{name}"] = centred(W * w[:, None], dim=0) if centre else W * w[:, None]
+    if not ends:
+        return
     w, b = state.pop("ln_final.w"), state.pop("ln_final.b", None)
     if b is not None:
         state["b_U"] = state["b_U"] + b @ state["W_U"]
     state["W_U"] = centred(state["W_U"] * w[:, None], dim=0) if centre else state["W_U"] * w[:, None]
 
 
-def center_writing_weights(state: dict[str, Tensor], cfg: Config) -> None:
+def center_writing_weights(state: dict[str, Tensor], cfg: Config, layers: Iterable[int], ends: bool) -> None:
     """Step 2, in place: what writes to the residual stream loses its mean over ``d_model`` (exact only
-    when every reader of the stream is a LayerNorm, which centres it first)."""
-    names = ["W_E"] + (["W_pos"] if cfg.positional_embedding == "standard" else [])
-    for layer in range(cfg.n_layers):
+    when every reader of the stream is a LayerNorm, which centres it first); ``layers`` and
+    ``ends`` as in :func:`fold_layer_norm`."""
+    names = (["W_E"] + (["W_pos"] if cfg.positional_embedding == "standard" else [])) if ends else []
+    for layer in layers:
         names += [f"blocks.{layer}.attn.W_O", f"blocks.{layer}.attn.b_O"]
         if cfg.has_mlp:
             names += [f"blocks.{layer}.mlp.W_out", f"blocks.{layer}.mlp.b_out"]
@@ -122,16 +129,38 @@ def center_unembed(state: dict[str, Tensor]) -> None:
     state["b_U"] = centred(state["b_U"], dim=-1)
 
 
-def fold_value_biases(state: dict[str, Tensor], cfg: Config) -> None:
-    """Step 4, in place: ``b_O += Σ_h b_V^h W_O^h``, ``b_V = 0`` (re-centred with LayerNorm); with
-    grouped-query attention each query head reads its group's ``b_V``."""
+def fold_value_biases(state: dict[str, Tensor], cfg: Config, layers: Iterable[int]) -> None:
+    """Step 4, in place, for ``layers``: ``b_O += Σ_h b_V^h W_O^h``, ``b_V = 0`` (re-centred with
+    LayerNorm); with grouped-query attention each query head reads its group's ``b_V``."""
     group = cfg.n_heads // cfg.n_kv_heads
-    for layer in range(cfg.n_layers):
+    for layer in layers:
         a, b_V = f"blocks.{layer}.attn.", reading_names(cfg, layer)[2].replace("W_", "b_")
         per_head = state[b_V].repeat_interleave(group, dim=0)
         b_O = state[a + "b_O"] + einsum(per_head, state[a + "W_O"], "h e, h e d -> d")
         state[a + "b_O"] = centred(b_O, dim=-1) if centres(cfg) else b_O
         state[b_V] = torch.zeros_like(state[b_V])
+
+
+def fold_tensors(
+    state: dict[str, Tensor], cfg: Config, layers: Iterable[int], ends: bool
+) -> tuple[Config, str | None]:
+    """The four steps (see the module docstring), in place, on the tensors of ``layers`` that
+    ``state`` holds (every bias present, zeros where the model has none) and, with ``ends``, on
+    the embeddings, final norm and unembedding: the folded model's config, and the note when a step
+    could not be done exactly. :func:`fold` runs it on a whole model, a lazy model on one layer at a
+    time, so that both fold by the same code."""
+    layers, note = list(layers), None
+    if cfg.affine_norms and cfg.positional_embedding == "shortformer":
+        note = SHORTFORMER_NOTE
+    elif cfg.affine_norms:
+        fold_layer_norm(state, cfg, layers, ends)
+        cfg = replace(cfg, normalization="RMSPre" if cfg.is_rms else "LNPre")
+    if centres(cfg):
+        center_writing_weights(state, cfg, layers, ends)
+    if ends and cfg.output_logits_soft_cap is None:  # a soft-cap is not shift-invariant
+        center_unembed(state)
+    fold_value_biases(state, cfg, layers)
+    return cfg, note
 
 
 def centres(cfg: Config) -> bool:
@@ -144,19 +173,9 @@ def fold(model: Transformer) -> Folded:
     """The model with LayerNorm folded, writing weights and unembedding centred and value biases
     folded (see the module docstring): the same log-probabilities, logits shifted by a constant
     per position. A new model; ``model`` is unchanged."""
-    cfg, state = model.cfg, state_with_biases(model)
-    note = None
+    state = state_with_biases(model)
     with torch.no_grad():
-        if cfg.affine_norms and cfg.positional_embedding == "shortformer":
-            note = SHORTFORMER_NOTE
-        elif cfg.affine_norms:
-            fold_layer_norm(state, cfg)
-            cfg = replace(cfg, normalization="RMSPre" if cfg.is_rms else "LNPre")
-        if centres(cfg):
-            center_writing_weights(state, cfg)
-        if cfg.output_logits_soft_cap is None:  # a soft-cap is not shift-invariant
-            center_unembed(state)
-        fold_value_biases(state, cfg)
+        cfg, note = fold_tensors(state, model.cfg, range(model.cfg.n_layers), ends=True)
     folded = model_from_tensors(cfg, state, "folded model")
     folded.tokenizer = model.tokenizer
     return Folded(folded, note)
@@ -176,7 +195,10 @@ def circuit_model(model: Transformer, offsets: range = ANALYSIS_OFFSETS) -> Tran
     unfolded import reads exactly as a folded one; and for a model with any of
     :data:`VIEW_FEATURES`, its *circuit view* (:func:`circuit_view`, rotary QK circuits averaged
     over ``offsets``), whose weights hold what those features add to each circuit. Only the
-    weights of the result are meant to be read: a circuit view's forward is not the model's."""
+    weights of the result are meant to be read: a circuit view's forward is not the model's. A lazy
+    model's (:mod:`qkov.interop.lazy`) is a lazy model too, folded and viewed layer by layer."""
+    if isinstance(model, LazyTransformer):
+        return model.circuit(offsets)
     folded = fold(model).model if model.cfg.affine_norms else model
     if not any(feature in VIEW_FEATURES for feature in folded.cfg.features):
         return folded
@@ -218,30 +240,47 @@ def circuit_view(model: Transformer, offsets: range = ANALYSIS_OFFSETS) -> Trans
     - norms after a sublayer: their gain in ``W_O`` and ``b_O`` (``W_out``, ``b_out``);
     - grouped-query attention: ``W_K``, ``W_V`` repeated for every query head of a group.
     """
-    cfg = model.cfg
     state = {
         name: param.detach().clone()
         for name, param in model.named_parameters()
-        if not any(part in name for part in ("_post.", "q_norm.", "k_norm.", "._W_", "._b_"))
+        if not name.startswith("blocks.")
     }
     for layer, block in enumerate(model.blocks):
-        state |= _view_attention(cfg, layer, block.attn, offsets)
-        for post, names in (
-            (block.ln1_post, ("attn.W_O", "attn.b_O")),
-            (block.ln2_post, ("mlp.W_out", "mlp.b_out")),
-        ):
-            for name in (f"blocks.{layer}.{n}" for n in names):
-                if post is not None and name in state:
-                    state[name] = state[name] * post.w.detach()
+        state |= view_layer(model.cfg, layer, block, offsets)
+    view = model_from_tensors(view_config(model.cfg), state, "circuit view")
+    view.tokenizer = model.tokenizer
+    return view
+
+
+def view_config(cfg: Config) -> Config:
+    """The config of a circuit view (:func:`circuit_view`): none of :data:`VIEW_FEATURES` left."""
     plain = dict(
         positional_embedding="none" if cfg.positional_embedding == "rotary" else cfg.positional_embedding,
         rotary_dim=None, rotary_interleaved=False, rotary_scaling=None, rotary_local_base=None,
         n_key_value_heads=None, qk_norm="none", pre_norms=True, post_norms=False, attn_scale=None,
         scale_attn_by_inverse_layer_idx=False,
     )  # fmt: skip
-    view = model_from_tensors(replace(cfg, **plain), state, "circuit view")
-    view.tokenizer = model.tokenizer
-    return view
+    return replace(cfg, **plain)
+
+
+def view_layer(cfg: Config, layer: int, block, offsets: range = ANALYSIS_OFFSETS) -> dict[str, Tensor]:
+    """One folded block's tensors in :func:`circuit_view`, by their names in the view (a lazy
+    model views each layer as it reads it, by this same code)."""
+    prefix, skipped = f"blocks.{layer}.", ("_post.", "q_norm.", "k_norm.", "._W_", "._b_")
+    state = {
+        prefix + name: param.detach().clone()
+        for name, param in block.named_parameters()
+        if not any(part in "." + name for part in skipped)
+    }
+    state |= _view_attention(cfg, layer, block.attn, offsets)
+    for post, names in (
+        (block.ln1_post, ("attn.W_O", "attn.b_O")),
+        (block.ln2_post, ("mlp.W_out", "mlp.b_out")),
+    ):
+        for name in (prefix + n for n in names):
+            if post is not None and name in state:
+                state[name] = state[name] * post.w.detach()
+    return state
 
 
 def _view_attention(cfg: Config, layer: int, attn, offsets: range) -> dict[str, Tensor]:

@@ -14,6 +14,9 @@ GPT-2's LM head has no bias: ``b_U = 0``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -100,63 +103,107 @@ def expected_hf_shapes(cfg: Config, tied: bool) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def checked_hf_tensors(state: dict[str, torch.Tensor], cfg: Config, tied: bool, where: str) -> dict:
+def checked_hf_tensors(state: Mapping[str, torch.Tensor], cfg: Config, tied: bool, where: str) -> dict:
     """The GPT-2 tensors under names without the ``transformer.`` prefix, each checked for
     presence and shape (one line naming the tensor as the file names it)."""
-    tensors = {
-        name.removeprefix("transformer."): t for name, t in state.items() if not name.endswith(_IGNORED)
-    }
+    names = gpt2_names({name: tuple(state[name].shape) for name in state}, cfg, tied, where)
+    return {name: state[source] for name, source in names.items()}
+
+
+def gpt2_names(shapes: dict[str, tuple[int, ...]], cfg: Config, tied: bool, where: str) -> dict[str, str]:
+    """The source's name of each GPT-2 tensor by its name without the ``transformer.`` prefix,
+    the tensors' ``shapes`` (by the source's names) checked: :func:`checked_hf_tensors`."""
+    names = {name.removeprefix("transformer."): name for name in shapes if not name.endswith(_IGNORED)}
     if tied:
-        tensors.pop("lm_head.weight", None)  # a tied copy of wte (present in a live model's state dict)
+        names.pop("lm_head.weight", None)  # a tied copy of wte (present in a live model's state dict)
     expected = expected_hf_shapes(cfg, tied)
     for name, shape in expected.items():
-        if name not in tensors:
+        if name not in names:
             raise QkovError(f"{where}: missing tensor {name} (config.json expects {len(expected)} tensors)")
-        if tuple(tensors[name].shape) != shape:
+        if shapes[names[name]] != shape:
             raise QkovError(
-                f"{where}: tensor {name} has shape {tuple(tensors[name].shape)}, config.json expects {shape}"
+                f"{where}: tensor {name} has shape {shapes[names[name]]}, config.json expects {shape}"
             )
-    unexpected = sorted(set(tensors) - set(expected))
+    unexpected = sorted(set(names) - set(expected))
     if unexpected:
         raise QkovError(f"{where}: unexpected tensor {unexpected[0]} (not part of this GPT-2 config)")
-    return tensors
+    return names
 
 
 def hf_to_qkov_tensors(tensors: dict[str, torch.Tensor], cfg: Config, tied: bool) -> dict[str, torch.Tensor]:
     """GPT-2's tensors in qkov's names and shapes (see the module docstring)."""
-    h = cfg.n_heads
-    out = {
-        "W_E": tensors["wte.weight"],
-        "W_pos": tensors["wpe.weight"],
-        "ln_final.w": tensors["ln_f.weight"],
-        "ln_final.b": tensors["ln_f.bias"],
-        "W_U": (tensors["wte.weight"] if tied else tensors["lm_head.weight"]).T.contiguous(),
-    }
+    out = gpt2_ends(tensors.__getitem__, cfg, tied)
     for layer in range(cfg.n_layers):
-        p, q = f"h.{layer}.", f"blocks.{layer}."
-        W_Q, W_K, W_V = tensors[p + "attn.c_attn.weight"].chunk(3, dim=1)
-        b_Q, b_K, b_V = tensors[p + "attn.c_attn.bias"].chunk(3)
-        for name, W, b in (("Q", W_Q, b_Q), ("K", W_K, b_K), ("V", W_V, b_V)):
-            out[q + f"attn.W_{name}"] = rearrange(W, "d_model (h e) -> h d_model e", h=h).contiguous()
-            out[q + f"attn.b_{name}"] = rearrange(b, "(h e) -> h e", h=h).contiguous()
-        out[q + "attn.W_O"] = rearrange(
-            tensors[p + "attn.c_proj.weight"], "(h e) d -> h e d", h=h
-        ).contiguous()
-        out[q + "attn.b_O"] = tensors[p + "attn.c_proj.bias"]
-        for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
-            out[q + f"{ours}.w"], out[q + f"{ours}.b"] = (
-                tensors[p + f"{theirs}.weight"],
-                tensors[p + f"{theirs}.bias"],
-            )
-        out[q + "mlp.W_in"], out[q + "mlp.b_in"] = (
-            tensors[p + "mlp.c_fc.weight"],
-            tensors[p + "mlp.c_fc.bias"],
-        )
-        out[q + "mlp.W_out"], out[q + "mlp.b_out"] = (
-            tensors[p + "mlp.c_proj.weight"],
-            tensors[p + "mlp.c_proj.bias"],
-        )
+        out |= gpt2_layer(tensors.__getitem__, cfg, layer)
     return out
+
+
+def gpt2_ends(get: Callable[[str], torch.Tensor], cfg: Config, tied: bool) -> dict[str, torch.Tensor]:
+    """GPT-2's embeddings, final norm and unembedding in qkov's names; ``get`` gives a tensor by
+    its name without the ``transformer.`` prefix."""
+    return {
+        "W_E": get("wte.weight"),
+        "W_pos": get("wpe.weight"),
+        "ln_final.w": get("ln_f.weight"),
+        "ln_final.b": get("ln_f.bias"),
+        "W_U": get("wte.weight" if tied else "lm_head.weight").T.contiguous(),
+    }
+
+
+def gpt2_layer(get: Callable[[str], torch.Tensor], cfg: Config, layer: int) -> dict[str, torch.Tensor]:
+    """One GPT-2 layer's tensors in qkov's names (``get`` as in :func:`gpt2_ends`)."""
+    h, out = cfg.n_heads, {}
+    p, q = f"h.{layer}.", f"blocks.{layer}."
+    W_Q, W_K, W_V = get(p + "attn.c_attn.weight").chunk(3, dim=1)
+    b_Q, b_K, b_V = get(p + "attn.c_attn.bias").chunk(3)
+    for name, W, b in (("Q", W_Q, b_Q), ("K", W_K, b_K), ("V", W_V, b_V)):
+        out[q + f"attn.W_{name}"] = rearrange(W, "d_model (h e) -> h d_model e", h=h).contiguous()
+        out[q + f"attn.b_{name}"] = rearrange(b, "(h e) -> h e", h=h).contiguous()
+    out[q + "attn.W_O"] = rearrange(get(p + "attn.c_proj.weight"), "(h e) d -> h e d", h=h).contiguous()
+    out[q + "attn.b_O"] = get(p + "attn.c_proj.bias")
+    for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+        out[q + f"{ours}.w"], out[q + f"{ours}.b"] = get(p + f"{theirs}.weight"), get(p + f"{theirs}.bias")
+    out[q + "mlp.W_in"], out[q + "mlp.b_in"] = get(p + "mlp.c_fc.weight"), get(p + "mlp.c_fc.bias")
+    out[q + "mlp.W_out"], out[q + "mlp.b_out"] = get(p + "mlp.c_proj.weight"), get(p + "mlp.c_proj.bias")
+    return out
+
+
+@dataclass(frozen=True)
+class Renaming:
+    """A source's tensors in qkov's names by its family's adapter: the ends (embedding, positions,
+    final norm, unembedding) and one layer at a time, each read when asked for; the same code for a
+    model read whole (:meth:`tensors`) and a lazy one (:mod:`qkov.interop.lazy`)."""
+
+    cfg: Config
+    ends: Callable[[], dict[str, torch.Tensor]]
+    layer: Callable[[int], dict[str, torch.Tensor]]
+    finish: Callable[[], None]  # one line for a source tensor no call read
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = self.ends()
+        for layer in range(self.cfg.n_layers):
+            out |= self.layer(layer)
+        self.finish()
+        return out
+
+
+def renaming(data: dict, state: Mapping[str, torch.Tensor], where: str, config_where: str) -> Renaming:
+    """The :class:`Renaming` of a Hugging Face ``config.json``'s tensors ``state`` (a mapping that
+    may read each tensor only when asked for); GPT-2's names and shapes are checked here."""
+    family = family_of(data, config_where)
+    if family is not None:
+        cfg, read = family.config(data, config_where), Reader(state, where)
+        return Renaming(
+            cfg, partial(family.ends, read, cfg, data), partial(family.layer, read, cfg), read.finish
+        )
+    cfg = hf_config(data, config_where)
+    tied = bool(data.get("tie_word_embeddings", True))
+    names = gpt2_names({name: tuple(state[name].shape) for name in state}, cfg, tied, where)
+
+    def get(name: str) -> torch.Tensor:
+        return state[names[name]]
+
+    return Renaming(cfg, partial(gpt2_ends, get, cfg, tied), partial(gpt2_layer, get, cfg), lambda: None)
 
 
 def family_of(data: dict[str, Any], where: str) -> Family | None:
@@ -175,12 +222,9 @@ def family_model(
     family: Family, data: dict, state: dict, where: str, config_where: str, tokenizer, fold: bool
 ):
     """A model of any family but GPT-2: its adapter's config and tensors (every tensor read once)."""
-    cfg = family.config(data, config_where)
+    names = renaming(data, state, where, config_where)
     check_finite(state, where)
-    read = Reader(state, where)
-    tensors = family.tensors(read, cfg, data)
-    read.finish()
-    return model_from_source(cfg, tensors, where, tokenizer, fold)
+    return model_from_source(names.cfg, names.tensors(), where, tokenizer, fold)
 
 
 def from_hf(model_or_folder: Any, fold: bool = True, config: str | os.PathLike | None = None) -> Transformer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from qkov.errors import QkovError
 from qkov.io import read_json
 from qkov.model import Transformer
 from qkov.pickles import PICKLE_SUFFIXES, read_pickled_tensors
+from qkov.tensorfile import MappedTensor, map_tensor_file
 
 WEIGHT_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 SHARD_INDEX = "model.safetensors.index.json"
@@ -59,7 +61,7 @@ def weights_file(src: Path) -> Path:
             raise QkovError(f"{src}: not a weights file (expected {', '.join(WEIGHT_SUFFIXES)})")
         return src
     if not src.is_dir():
-        raise QkovError(f"{src}: no such folder")
+        raise QkovError(f"{src}: no such file or folder")
     if (src / "model.safetensors").exists():
         return src / "model.safetensors"
     if (src / SHARD_INDEX).exists():
@@ -82,22 +84,33 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
     return read_pickled_tensors(file)
 
 
-def read_shards(index: Path) -> dict[str, torch.Tensor]:
+def read_shards(index: Path, read: Callable[[Path], dict] = lambda f: read_tensors(f)[0]) -> dict:
     """The tensors of sharded safetensors, as Hugging Face writes them: the index's ``weight_map``
-    names each tensor's shard, a file in the same folder; every shard's tensors must be the index's."""
+    names each tensor's shard, a file in the same folder; every shard's tensors must be the index's.
+    ``read`` reads one shard (:func:`map_weights` maps them instead)."""
     data = read_json(index)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise QkovError(f"{index}: expected a weight_map of tensor names to shard files")
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict = {}
     for shard in sorted(set(weight_map.values())):
         if Path(shard).name != shard or not shard.endswith(".safetensors"):
             raise QkovError(f"{index}: shard {shard!r} is not a .safetensors file beside the index")
-        tensors |= read_tensors(index.parent / shard)[0]
+        tensors |= read(index.parent / shard)
     if set(tensors) != set(weight_map):
         missing = sorted(set(weight_map) - set(tensors)) or sorted(set(tensors) - set(weight_map))
         raise QkovError(f"{index}: the shards and the index disagree on tensor {missing[0]}")
     return tensors
+
+
+def map_weights(file: Path) -> dict[str, MappedTensor]:
+    """Every tensor of a safetensors file or of the shards an index lists, mapped, not read
+    (:func:`qkov.tensorfile.map_tensor_file`); one line for a pickled state dict, which cannot be."""
+    if file.name == SHARD_INDEX:
+        return read_shards(file, lambda shard: map_tensor_file(shard)[0])
+    if file.suffix != ".safetensors":
+        raise QkovError(f"{file}: lazy reading needs safetensors weights (one file or shards), not a pickle")
+    return map_tensor_file(file)[0]
 
 
 def config_file(weights: Path, config: str | os.PathLike | None) -> Path:

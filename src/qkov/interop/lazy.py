@@ -1,0 +1,181 @@
+"""Lazy, streamed weights: ``qkov.open_model(path, lazy=True)``.
+
+A Hugging Face folder (any family of :mod:`qkov.interop.adapters`, one ``model.safetensors`` or
+shards with ``model.safetensors.index.json``) or a qkov checkpoint is opened without reading its
+weights: every tensor is memory-mapped (:func:`qkov.tensorfile.map_tensor_file`, the header
+checked), and the family's adapter runs once on tensors without data (PyTorch's meta device), so
+that a missing, unexpected or misshapen tensor is one line at open, as it is for a model read whole.
+Then the embedding, positions, final norm and unembedding are read, converted to the compute dtype
+(that of a model read whole: float32, or float64 when the renamed embedding is) and held; each block
+is read when ``model.blocks[l]`` is asked for, renamed by the same adapter code, converted, checked
+(shapes, non-finite values) and built, and only the last two built are kept
+(:class:`~qkov.interop.lazy_model.LazyTransformer`).
+
+Each block is folded as it is read (:func:`~qkov.interop.fold.fold_tensors`, the code
+:func:`~qkov.interop.fold.fold` runs on a whole model), so that the lazy model is the folded model
+:func:`qkov.open_model` gives without ``lazy``. ``circuit_model`` of it
+(:func:`qkov.interop.fold.circuit_model`) is the model itself, or, for a model with rotary
+positions, grouped-query attention, query/key norms or norms after each sublayer, another lazy
+model over the same mapped tensors whose blocks are turned into the circuit view
+(:func:`~qkov.interop.fold.view_layer`) as they are read. The weight-based analyses read it
+unchanged, in memory that grows with the width and the vocabulary, and by the per-head factors an
+analysis keeps, not by the layers' weights. The forward pass of a lazy model runs layer by layer,
+reading each layer again on every pass: correct, and slow for anything but a few batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from qkov.checkpoint import (
+    COMPUTE_DTYPES,
+    block_from_tensors,
+    block_shapes,
+    check_tensors,
+    expected_shapes,
+    is_bias,
+    load_tokenizer,
+)
+from qkov.config import Config
+from qkov.errors import QkovError
+from qkov.interop.fold import VIEW_FEATURES, fold_tensors, view_config, view_layer
+from qkov.interop.hf import Renaming, renaming
+from qkov.interop.lazy_model import LazyTransformer
+from qkov.interop.source import map_weights, read_config_file, weights_file
+from qkov.model import Block
+from qkov.tensorfile import MappedTensor, map_tensor_file
+
+
+class MappedState(Mapping[str, Tensor]):
+    """Mapped tensors by name, each read (a zero-copy view of its bytes) when asked for."""
+
+    def __init__(self, mapped: dict[str, MappedTensor]) -> None:
+        self.mapped = mapped
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.mapped[name].read()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.mapped)
+
+    def __len__(self) -> int:
+        return len(self.mapped)
+
+
+@dataclass(frozen=True)
+class LazySource:
+    """A model's mapped tensors in qkov's names (``names``), the compute dtype, whether it has
+    biases, its weights' file (to name in errors) and its tokenizer."""
+
+    names: Renaming
+    dtype: torch.dtype
+    biases: bool
+    where: str
+    tokenizer: Tokenizer | None
+
+    @property
+    def cfg(self) -> Config:
+        return self.names.cfg
+
+    def ends(self) -> dict[str, Tensor]:
+        return {name: t.to(self.dtype) for name, t in self.names.ends().items()}
+
+    def layer(self, layer: int) -> dict[str, Tensor]:
+        return {name: t.to(self.dtype) for name, t in self.names.layer(layer).items()}
+
+
+def qkov_names(cfg: Config, state: Mapping[str, Tensor]) -> Renaming:
+    """A qkov checkpoint's tensors, already in qkov's names: the ends, and ``blocks.{l}.…``."""
+
+    def ends() -> dict[str, Tensor]:
+        return {name: state[name] for name in state if not name.startswith("blocks.")}
+
+    def layer(layer: int) -> dict[str, Tensor]:
+        return {name: state[name] for name in state if name.startswith(f"blocks.{layer}.")}
+
+    return Renaming(cfg, ends, layer, lambda: None)
+
+
+def lazy_source(folder: Path, dtype: torch.dtype | None = None) -> LazySource:
+    """A folder's tensors mapped and checked by running its adapter on tensors without data."""
+    data = read_config_file(folder / "config.json")
+    if "positional_embedding" in data:  # a qkov checkpoint
+        cfg, weights = Config.from_dict(data), folder / "model.safetensors"
+        mapped = map_tensor_file(weights)[0]
+        names = qkov_names(cfg, MappedState(mapped))
+        meta = qkov_names(cfg, {name: m.meta() for name, m in mapped.items()})
+    elif "model_type" in data:
+        weights, where = weights_file(folder), str(folder / "config.json")
+        mapped = map_weights(weights)
+        names = renaming(data, MappedState(mapped), str(weights), where)
+        meta = renaming(data, {name: m.meta() for name, m in mapped.items()}, str(weights), where)
+    else:
+        raise QkovError(
+            f"{folder}: lazy=True reads Hugging Face and qkov safetensors folders; read this one whole "
+            "(lazy=False)"
+        )
+    tensors = meta.tensors()  # every source tensor read once, by the adapter's own code
+    cfg = names.cfg
+    biases = check_tensors(*expected_shapes(cfg), tensors, str(weights), "this model", values=False)
+    if dtype is None:
+        dtype = tensors["W_E"].dtype if tensors["W_E"].dtype in COMPUTE_DTYPES else torch.float32
+    tokenizer = load_tokenizer(folder, cfg.d_vocab) if (folder / "tokenizer.json").exists() else None
+    return LazySource(names, dtype, biases, str(weights), tokenizer)
+
+
+def open_lazy(folder: Path, dtype: torch.dtype | None = None) -> LazyTransformer:
+    """The lazy model of a Hugging Face or qkov folder (see the module docstring), folded as
+    :func:`qkov.open_model` folds a model it reads whole; ``dtype``: the compute dtype, by default
+    a model read whole's."""
+    source = lazy_source(folder, dtype)
+    cfg, ends = folded_ends(source)
+    circuit = partial(circuit_lazy, source) if any(f in VIEW_FEATURES for f in cfg.features) else None
+    biases = source.cfg.affine_norms or source.biases  # folding gives every bias (zeros where absent)
+    model = LazyTransformer(cfg, ends, partial(model_block, source), biases, source.dtype, circuit)
+    model.tokenizer = source.tokenizer
+    return model
+
+
+def folded_ends(source: LazySource) -> tuple[Config, dict[str, Tensor]]:
+    """The model's config and ends, folded when its norms have weights (:func:`fold_tensors`)."""
+    cfg, ends = source.cfg, source.ends()
+    if not cfg.affine_norms:
+        return cfg, ends
+    ends.setdefault("b_U", torch.zeros(cfg.d_out, dtype=source.dtype))
+    return fold_tensors(ends, cfg, [], ends=True)[0], ends
+
+
+def model_block(source: LazySource, layer: int) -> Block:
+    """Block ``layer`` renamed, converted, checked and folded as a model read whole is."""
+    cfg, state = source.cfg, source.layer(layer)
+    if not cfg.affine_norms:
+        return block_from_tensors(cfg, layer, state, source.biases, source.dtype, source.where)
+    shapes = block_shapes(cfg, layer).items()
+    zeros = {name: torch.zeros(shape, dtype=source.dtype) for name, shape in shapes if is_bias(name)}
+    state = zeros | state  # every bias, zeros where the model has none (as fold's)
+    cfg, _ = fold_tensors(state, cfg, [layer], ends=False)
+    return block_from_tensors(cfg, layer, state, True, source.dtype, source.where)
+
+
+def circuit_lazy(source: LazySource, offsets: range) -> LazyTransformer:
+    """The lazy model :func:`qkov.interop.fold.circuit_model` gives for ``offsets``: the circuit
+    view (:func:`~qkov.interop.fold.circuit_view`) of the folded model, one layer at a time."""
+    cfg, ends = folded_ends(source)
+    biases = source.cfg.affine_norms or source.biases
+    load = partial(view_block, source, cfg, offsets, biases)
+    model = LazyTransformer(view_config(cfg), ends, load, biases, source.dtype)
+    model.tokenizer = source.tokenizer
+    return model
+
+
+def view_block(source: LazySource, cfg: Config, offsets: range, biases: bool, layer: int) -> Block:
+    """Block ``layer`` of the circuit view of the folded model (of config ``cfg``)."""
+    state = view_layer(cfg, layer, model_block(source, layer), offsets)
+    return block_from_tensors(view_config(cfg), layer, state, biases, source.dtype, source.where)

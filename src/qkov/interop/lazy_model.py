@@ -1,0 +1,85 @@
+"""A model whose blocks are read one at a time: :class:`LazyTransformer` holds its embedding,
+positions, final norm and unembedding whole, and builds ``model.blocks[l]`` when it is asked for,
+through a function of the layer, keeping the last :data:`KEEP` blocks built; the weights of the
+others are not in memory. :mod:`qkov.interop.lazy` opens a model this way from its memory-mapped
+safetensors.
+
+Everything that reads a model's weights through ``model.blocks`` works on it unchanged (each
+access to a block that is not kept reads it again, so an analysis that passes over every layer
+several times reads every layer several times); its forward pass runs layer by layer the same way.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from qkov.config import Config
+from qkov.model import Block, Transformer
+
+KEEP = 2  # blocks kept built: a pass over pairs of adjacent layers reads each once
+
+
+class LazyBlocks(Sequence[Block]):
+    """``n`` blocks, each built by ``load(layer)`` when indexed; the last :data:`KEEP` kept."""
+
+    def __init__(self, n: int, load: Callable[[int], Block]) -> None:
+        self.n, self.load, self.kept = n, load, OrderedDict()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.n))]
+        layer = index + self.n if index < 0 else index
+        if not 0 <= layer < self.n:
+            raise IndexError(f"layer {index} of a {self.n}-layer model")
+        if layer not in self.kept:
+            self.kept[layer] = self.load(layer)
+            while len(self.kept) > KEEP:
+                self.kept.popitem(last=False)
+        self.kept.move_to_end(layer)
+        return self.kept[layer]
+
+    def __iter__(self) -> Iterator[Block]:
+        return (self[layer] for layer in range(self.n))
+
+
+class LazyTransformer(Transformer):
+    """A :class:`~qkov.model.Transformer` of ``cfg`` whose ends (the parameters outside the blocks,
+    ``ends`` by their names) are held in ``dtype`` and whose blocks are built by ``load`` when read
+    (:class:`LazyBlocks`). ``circuit(offsets)`` gives the lazy model the weight-based circuits read
+    (:func:`qkov.interop.fold.circuit_model`); None when this model is that already."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        ends: dict[str, Tensor],
+        load: Callable[[int], Block],
+        biases: bool,
+        dtype: torch.dtype,
+        circuit: Callable[[range], LazyTransformer] | None = None,
+    ) -> None:
+        with torch.device("meta"):
+            super().__init__(cfg, biases, init=False)
+        del self.blocks
+        self.to_empty(device="cpu").to(dtype)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                param.copy_(ends[name]) if name in ends else param.zero_()
+        self.requires_grad_(False)
+        self.blocks: Sequence[Block] = LazyBlocks(cfg.n_layers, load)
+        self._circuit, self._circuits = circuit, {}
+
+    def circuit(self, offsets: range) -> LazyTransformer:
+        """The lazy circuit model for ``offsets`` (built once per range of offsets), or this one."""
+        if self._circuit is None:
+            return self
+        key = (offsets.start, offsets.stop, offsets.step)
+        if key not in self._circuits:
+            self._circuits[key] = self._circuit(offsets)
+        return self._circuits[key]

@@ -1,0 +1,263 @@
+"""Lazy, streamed weights (:mod:`qkov.interop.lazy`): a model opened with ``lazy=True`` gives the
+weight-side analyses the same results as the model read whole, in memory that does not grow with its
+depth, and a damaged shard is one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import qkov
+from families import family_configs, random_hf_model
+from qkov.analyze import STEPS, TOKENS, run_steps
+from qkov.errors import QkovError
+from qkov.interop.fold import circuit_model
+from qkov.interop.lazy_model import KEEP, LazyTransformer
+
+CASES = dict(family_configs())
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def weight_steps(cfg) -> list[str]:
+    """The steps a weights-only run of a model of ``cfg`` makes (no corpus, no user data)."""
+    return [s.name for s in STEPS if s.inputs != TOKENS and s.skip_reason(cfg, False) is None]
+
+
+def assert_same(a, b, where: str = "result") -> None:
+    """``a`` and ``b`` equal, floats (and tensors) to float rounding."""
+    if dataclasses.is_dataclass(a):
+        assert type(a) is type(b), where
+        for field in dataclasses.fields(a):
+            assert_same(getattr(a, field.name), getattr(b, field.name), f"{where}.{field.name}")
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True, msg=where)
+    elif isinstance(a, float):
+        same = (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
+        assert same, f"{where}: {a} != {b}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def saved(tmp_path: Path, name: str, shard: str | None = "20KB") -> Path:
+    """A random model of the family case ``name`` saved as ``transformers`` saves it, in bfloat16
+    (sharded when ``shard`` is a size)."""
+    model = random_hf_model(CASES[name]).to(torch.bfloat16)
+    model.save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))
+    return tmp_path
+
+
+# llama: grouped-query attention and rotary; gemma2: post-norms, soft-caps, Gemma's 1 + w, float64
+# embedding; qwen3: query/key norms; gpt_neox: LayerNorm, partial rotary, parallel blocks; opt and
+# gpt2: LayerNorm, learned positions, biases (gpt2 is read by its own adapter); olmo2: norms only
+# after each sublayer
+FAMILIES = ["llama", "gemma2", "qwen3", "gpt_neox", "opt", "gpt2-inverse-layer", "olmo2"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_lazy_analyses_equal_eager(tmp_path, name):
+    folder = saved(tmp_path, name, shard=None if name == "opt" else "20KB")
+    eager, lazy = qkov.open_model(folder), qkov.open_model(folder, lazy=True)
+    assert isinstance(lazy, LazyTransformer) and lazy.cfg == eager.cfg
+    steps = weight_steps(eager.cfg)
+    assert {"spectra", "copying", "qk_position_content"} <= set(steps)
+    assert_same(run_steps(eager, steps, weights_only=True), run_steps(lazy, steps, weights_only=True))
+
+
+def test_circuits_read_the_lazy_model_folded_and_viewed(tmp_path):
+    """Every head's factors and the ends equal the eager circuit model's; the blocks kept are at
+    most :data:`KEEP`; a circuit model of a lazy model is lazy, built once per offsets."""
+    folder = saved(tmp_path, "llama")
+    eager = circuit_model(qkov.open_model(folder))
+    lazy_model = qkov.open_model(folder, lazy=True)
+    lazy = circuit_model(lazy_model)
+    assert isinstance(lazy, LazyTransformer) and lazy.cfg == eager.cfg
+    assert circuit_model(lazy_model) is lazy and circuit_model(lazy) is lazy
+    for name in ("W_E", "W_U"):
+        torch.testing.assert_close(getattr(lazy, name), getattr(eager, name), rtol=0, atol=0)
+    for layer, block in enumerate(lazy.blocks):
+        ours, theirs = dict(block.named_parameters()), dict(eager.blocks[layer].named_parameters())
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            torch.testing.assert_close(ours[key], theirs[key], rtol=1e-6, atol=1e-6)
+    assert len(lazy.blocks.kept) <= KEEP
+    qkov.full_qk_circuit(lazy_model, offset=3)  # another offset: another lazy view
+    assert len(lazy_model._circuits) == 2
+
+
+def test_lazy_forward_runs_layer_by_layer(tmp_path):
+    folder = saved(tmp_path, "gemma2")
+    eager, lazy = qkov.open_model(folder), qkov.open_model(folder, lazy=True)
+    tokens = torch.randint(0, eager.cfg.d_vocab, (2, 9), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(lazy(tokens), eager(tokens), rtol=1e-6, atol=1e-6)
+    with pytest.raises(QkovError, match="a lazy model .* cannot be saved"):
+        qkov.save(lazy, tmp_path / "out")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_lazy_qkov_checkpoint(tmp_path):
+    """A qkov checkpoint (one file, its checksum checked at open) opens lazily too."""
+    cfg = qkov.Config(n_layers=2, n_heads=2, d_model=16, d_head=8, d_vocab=23, n_ctx=12)
+    model = qkov.Transformer(cfg)
+    qkov.save(model, tmp_path / "ckpt")
+    lazy = qkov.open_model(tmp_path / "ckpt", lazy=True)
+    steps = weight_steps(cfg)
+    assert_same(run_steps(model, steps, weights_only=True), run_steps(lazy, steps, weights_only=True))
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x40
+    weights.write_bytes(bytes(data))
+    with pytest.raises(QkovError, match="do not match the checksum") as err:
+        qkov.open_model(tmp_path / "ckpt", lazy=True)
+    assert "\n" not in str(err.value)
+
+
+def _shards(folder: Path) -> list[Path]:
+    return sorted(folder.glob("model-*.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda f: f.write_bytes(f.read_bytes()[:-100]), "truncated or corrupt safetensors file"),
+        (
+            lambda f: f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all"),
+            "truncated or corrupt",
+        ),
+        (lambda f: f.write_bytes(f.read_bytes()[:6]), "truncated or corrupt"),
+        (lambda f: f.unlink(), "missing"),
+    ],
+)
+def test_damaged_shard_is_one_line(tmp_path, damage, message):
+    folder = saved(tmp_path, "llama")
+    shards = _shards(folder)
+    assert len(shards) > 1
+    damage(shards[-1])
+    with pytest.raises(QkovError, match=message) as err:
+        qkov.open_model(folder, lazy=True)
+    assert "\n" not in str(err.value) and shards[-1].name in str(err.value)
+
+
+def test_shard_damaged_after_open_is_one_line(tmp_path):
+    """A shard cut short after the model was opened: one line when the layer is read (reading the
+    mapped bytes past the file's end would kill the process), and a non-finite weight names itself."""
+    folder = saved(tmp_path, "llama")
+    lazy = circuit_model(qkov.open_model(folder, lazy=True))
+    last = _shards(folder)[-1]
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    with pytest.raises(QkovError, match="cannot read its tensors any more") as err:
+        [block for block in lazy.blocks]
+    assert "\n" not in str(err.value)
+
+
+def test_non_finite_weight_is_one_line(tmp_path):
+    model = random_hf_model(CASES["llama"]).to(torch.bfloat16)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[3, 4] = torch.nan
+    model.save_pretrained(tmp_path)
+    lazy = qkov.open_model(tmp_path, lazy=True)  # nothing of layer 1 read yet
+    lazy.blocks[0]
+    with pytest.raises(QkovError, match="blocks.1.mlp.W_in has non-finite values") as err:
+        lazy.blocks[1]
+    assert "\n" not in str(err.value)
+
+
+def test_lazy_refuses_what_it_cannot_map(tmp_path):
+    model = random_hf_model(CASES["llama"])
+    model.config.save_pretrained(tmp_path)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    qkov.open_model(tmp_path)  # read whole, it opens
+    with pytest.raises(QkovError, match="lazy reading needs safetensors"):
+        qkov.open_model(tmp_path, lazy=True)
+
+
+# -- peak memory against depth ---------------------------------------------------------------------
+MEASURE = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import qkov
+    from qkov.analyze import run_steps
+
+    def status(key):  # kB, of this process's own memory
+        return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1])
+
+    torch.set_num_threads(1)
+    with open("/proc/self/clear_refs", "w") as f:  # the peak so far (the imports') forgotten
+        f.write("5")
+    before = status("VmRSS:")
+    model = qkov.open_model(sys.argv[1], lazy=sys.argv[2] == "lazy")
+    run_steps(model, sys.argv[3].split(","), weights_only=True)
+    print(json.dumps((status("VmHWM:") - before) * 1024))
+    """
+)
+MEMORY_STEPS = "spectra,copying,qk_position_content,composition,rotary_bands,gqa_groups"
+WIDTH = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2048)
+
+
+def peak_bytes(folder: Path, mode: str) -> int:
+    """Peak RSS growth (bytes) of a weights-only analysis in a fresh process, over its RSS after
+    its imports: Linux's ``VmHWM``, the imports' own peak reset through ``/proc/self/clear_refs``.
+    Not ``ru_maxrss``: a child's starts at its parent's RSS when it forked (kept across exec), so
+    it would measure the test process that built the models."""
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(folder), mode, MEMORY_STEPS],
+        capture_output=True, text=True, env=env, check=True, timeout=600,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def saved_at_depth(folder: Path, layers: int) -> Path:
+    """A Llama of :data:`WIDTH` (vocabulary 2048) and ``layers`` layers, in bfloat16, sharded."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        **WIDTH, vocab_size=2048, num_hidden_layers=layers, max_position_embeddings=256
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder, max_shard_size="20MB")
+    return folder
+
+
+MiB = 2**20
+# what the analyses keep of every layer: every head's W_Q, W_K, W_V, W_O stacked in float32 (grouped
+# keys and values repeated per query head, as the circuit view holds them: 4 x 512 x 512 x 4 B = 4
+# MiB), the stacks of the step in progress beside those of the step's inputs, and copying's float64
+# copy of W_V and W_O for its eigenvalues (4 MiB): 12 MiB a layer (measured: 9.5); a layer's own
+# weights in float32 (15 MiB here) would come on top of that if they were kept
+KEPT_PER_LAYER = 3 * 4 * 512 * 512 * 4
+SLACK = 32 * MiB  # allocator and page noise between two runs
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's clear_refs")
+def test_lazy_peak_memory_does_not_grow_with_depth(tmp_path):
+    """Two models of the same width, 2 and 16 layers: the lazy analysis's peak grows by at most
+    what the analyses keep per head (:data:`KEPT_PER_LAYER` a layer) and :data:`SLACK`; keeping the
+    layers' weights too (15 MiB a layer in float32) would break that bound, and the model read whole
+    does (its peak grows by 900 MiB here)."""
+    shallow, deep = saved_at_depth(tmp_path / "2", 2), saved_at_depth(tmp_path / "16", 16)
+    lazy = {n: peak_bytes(f, "lazy") for n, f in ((2, shallow), (16, deep))}
+    eager = {n: peak_bytes(f, "eager") for n, f in ((2, shallow), (16, deep))}
+    bound = 14 * KEPT_PER_LAYER + SLACK
+    report = f"lazy {lazy[2] / MiB:.0f} -> {lazy[16] / MiB:.0f} MiB, "
+    report += f"eager {eager[2] / MiB:.0f} -> {eager[16] / MiB:.0f} MiB"
+    assert lazy[16] - lazy[2] <= bound, report
+    assert eager[16] - eager[2] > bound, report
