@@ -261,3 +261,25 @@ def test_lazy_peak_memory_does_not_grow_with_depth(tmp_path):
     report += f"eager {eager[2] / MiB:.0f} -> {eager[16] / MiB:.0f} MiB"
     assert lazy[16] - lazy[2] <= bound, report
     assert eager[16] - eager[2] > bound, report
+
+
+def test_analyze_weights_only_reads_safetensors_layer_by_layer(tmp_path, capsys):
+    """``qkov analyze --weights-only`` of a sharded Hugging Face folder opens it lazily (and says
+    so), with the results of the model read whole; a pickled state dict is read whole, as the lazy
+    reader cannot map it."""
+    from qkov.cli import main
+    from qkov.interop.lazy import reads_lazily
+    from qkov.results import load_results
+
+    folder = saved(tmp_path / "hf", "llama")
+    main(["analyze", str(folder), "--weights-only", "--quiet", "--out", str(tmp_path / "out")])
+    assert "read layer by layer" in capsys.readouterr().err
+    eager = qkov.analyze(qkov.open_model(folder), show_progress=False, weights_only=True)
+    written = load_results(tmp_path / "out" / "results.json")
+    for step in ("spectra", "copying", "composition"):
+        assert_same(getattr(written, step), getattr(eager, step), step)
+    pickled = tmp_path / "pickled"  # the same folder with its weights as a pickled state dict
+    pickled.mkdir()
+    (pickled / "config.json").write_text((folder / "config.json").read_text())
+    torch.save(random_hf_model(CASES["llama"]).state_dict(), pickled / "pytorch_model.bin")
+    assert reads_lazily(folder) and not reads_lazily(pickled)

@@ -447,17 +447,20 @@ def analyze_model(
     show_progress: bool = True,
     seed: int = 0,
     user_tokens: UserTokens | None = None,
+    steps: Sequence[str] | None = None,
+    weights_only: bool = False,
 ) -> Results:
     """``qkov.analyze(model)``: :func:`analyze` on a model, or on a checkpoint folder as ``qkov
     analyze folder`` reads it (any folder :func:`qkov.open_model` opens, its weights checked, its
     ``metrics.jsonl`` as the training log unless ``training_log`` is given), so that the
-    :class:`~qkov.results.Results` are those the command writes to ``results.json``."""
+    :class:`~qkov.results.Results` are those the command writes to ``results.json``; ``steps`` and
+    ``weights_only`` choose the steps as ``--steps`` and ``--weights-only`` do."""
     if isinstance(model, (str, os.PathLike)):
         folder = Path(model)
         model = open_model(folder)
         check_weight_magnitudes(dict(model.named_parameters()), str(folder))
         training_log = read_training_log(folder) if training_log is None else training_log
-    return analyze(model, corpus_tokens, training_log, show_progress, seed, user_tokens)
+    return analyze(model, corpus_tokens, training_log, show_progress, seed, user_tokens, steps, weights_only)
 
 
 class _CallableModule(ModuleType):

@@ -52,7 +52,8 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--weights-only",
         action="store_true",
-        help="run only the steps that read the weights alone: no forward pass, no tokens",
+        help="run only the steps that read the weights alone: no forward pass, no tokens; safetensors "
+        "weights are read one layer at a time, so memory does not grow with the depth",
     )
     p.add_argument(
         "--steps",
@@ -101,6 +102,7 @@ def analyze_command(args: argparse.Namespace) -> None:
     from qkov.data.shards import corpus_tokens
     from qkov.data.user_tokens import given_user_tokens
     from qkov.interop import open_model as load
+    from qkov.interop.lazy import reads_lazily
     from qkov.io import atomic_write_text, check_writable_folder
     from qkov.machine import compute_device
     from qkov.report import render_report
@@ -110,7 +112,10 @@ def analyze_command(args: argparse.Namespace) -> None:
     check_selection(args.steps, args.weights_only, bool(args.corpus), args.tokens is not None)
     set_threads(args.threads)
     out = check_writable_folder(args.out if args.out else default_analysis_folder(args.checkpoint, folder))
-    model = checked_weights(load(folder), args.checkpoint).to(compute_device(args.device))
+    lazy = args.weights_only and reads_lazily(folder)  # no forward pass: one layer in memory at a time
+    model = checked_weights(load(folder, lazy=lazy), args.checkpoint).to(compute_device(args.device))
+    if lazy:
+        console.print("weights read layer by layer from the mapped files (--weights-only)", highlight=False)
     corpus = None
     if args.corpus:
         if model.tokenizer is None:

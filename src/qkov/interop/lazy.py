@@ -103,6 +103,15 @@ def qkov_names(cfg: Config, state: Mapping[str, Tensor]) -> Renaming:
     return Renaming(cfg, ends, layer, lambda: None)
 
 
+def reads_lazily(folder: Path) -> bool:
+    """Whether :func:`open_lazy` reads ``folder``: a qkov checkpoint, or a Hugging Face folder whose
+    weights are safetensors (one file or shards), not a pickle or a TransformerLens folder."""
+    data = read_config_file(folder / "config.json")
+    if "positional_embedding" in data:
+        return True
+    return "model_type" in data and weights_file(folder).suffix in (".safetensors", ".json")
+
+
 def lazy_source(folder: Path, dtype: torch.dtype | None = None) -> LazySource:
     """A folder's tensors mapped and checked by running its adapter on tensors without data."""
     data = read_config_file(folder / "config.json")
