@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from qkov.distributed import Processes, torchrun_command
-from qkov.train import TrainConfig
+from qkov.schedule import TrainConfig
 from test_train import TINY, load_state_step, qkov_cli, tiny_run
 
 # 2 processes x B/2 against 1 process x B after 50 steps of the tiny model: the largest weight

@@ -21,7 +21,8 @@ from qkov.data.shards import sampled_tokenizer, sharded_tokens
 from qkov.data.sources import CorpusFiles
 from qkov.interop.transformer_lens import to_transformer_lens
 from qkov.results import load_results
-from qkov.train import TRAIN_CONFIG_FILE, TrainConfig, Trainer
+from qkov.schedule import TrainConfig
+from qkov.train import TRAIN_CONFIG_FILE, Trainer
 from qkov.training_log import read_points, read_training_log, row_fields
 from test_pickles import RunsCode, one_line_error
 

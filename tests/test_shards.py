@@ -235,7 +235,8 @@ def test_a_single_document_holds_out_its_tail(tmp_path):
 PEAK_RSS = """
 import sys, numpy as np, torch, qkov
 from qkov.data.shards import ShardedTokens, TokenShards
-from qkov.train import TrainConfig, Trainer
+from qkov.schedule import TrainConfig
+from qkov.train import Trainer
 files = sorted(__import__("pathlib").Path(sys.argv[1]).glob("*.bin"))
 data = TokenShards(ShardedTokens(files, np.uint16), ShardedTokens(files[:1], np.uint16))
 torch.set_num_threads(1)

@@ -19,7 +19,8 @@ from qkov.data.shards import sampled_tokenizer, sharded_tokens
 from qkov.data.sources import CorpusFiles
 from qkov.data.tokens import TokenSplits
 from qkov.evaluation import icl_positions
-from qkov.train import STATE_FILE, NextTokenLoss, TrainConfig, Trainer, log_spaced_steps
+from qkov.schedule import TrainConfig, log_spaced_steps
+from qkov.train import STATE_FILE, NextTokenLoss, Trainer
 from qkov.training_log import read_training_log
 
 from conftest import random_model

@@ -14,7 +14,7 @@ import qkov
 from qkov.cli import main
 from qkov.recipes import recipe
 from qkov.reproduce import quick_recipe
-from qkov.train import TrainConfig
+from qkov.schedule import TrainConfig
 from qkov.training_log import read_training_log
 from qkov.training_run import (
     TRAIN_FLAGS,

@@ -45,7 +45,7 @@ from qkov.config import Config
 from qkov.data.shards import corpus_tokens
 from qkov.data.sources import TEXT_FIELD
 from qkov.errors import QkovError
-from qkov.evaluation import EVAL_TOKENS, EvaluationInputs, evaluate, evaluation_inputs
+from qkov.evaluation import EvaluationInputs, evaluate, evaluation_inputs
 from qkov.interop.mapping import from_weights
 from qkov.interop.source import WEIGHT_SUFFIXES
 from qkov.interop.transformer_lens import from_transformer_lens
@@ -53,6 +53,7 @@ from qkov.io import atomic_write_text, read_json, remove_stale_temporaries
 from qkov.machine import compute_device
 from qkov.model import Transformer
 from qkov.results import Results
+from qkov.schedule import EVAL_TOKENS
 from qkov.train import TRAIN_CONFIG_FILE
 from qkov.training_log import TrainingPoint, read_points, write_points
 

@@ -34,8 +34,9 @@ from qkov.io import check_writable_folder
 from qkov.machine import compute_device
 from qkov.model import AttnOnlyTransformer
 from qkov.recipes import Recipe, recipe
+from qkov.schedule import TrainConfig
 from qkov.sizes import check_model_size
-from qkov.train import STATE_FILE, TRAIN_CONFIG_FILE, TrainConfig, Trainer
+from qkov.train import STATE_FILE, TRAIN_CONFIG_FILE, Trainer
 from qkov.training_log import METRICS_FILE
 
 console = Console(stderr=True)
