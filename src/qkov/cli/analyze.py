@@ -97,8 +97,12 @@ def add_user_data_arguments(p: argparse.ArgumentParser, use: str) -> None:
 
 
 def analyze_command(args: argparse.Namespace) -> None:
-    folder = checked_checkpoint(args.checkpoint)  # first: a mistyped path is told before torch loads
-    from qkov.analyze import analyze, check_selection
+    if args.steps is not None or args.weights_only:  # a choice that cannot run is told first
+        from qkov.analyze import check_selection
+
+        check_selection(args.steps, args.weights_only, bool(args.corpus), args.tokens is not None)
+    folder = checked_checkpoint(args.checkpoint)  # a mistyped path is told before torch loads
+    from qkov.analyze import analyze
     from qkov.data.shards import corpus_tokens
     from qkov.data.user_tokens import given_user_tokens
     from qkov.interop import open_model as load
@@ -109,7 +113,6 @@ def analyze_command(args: argparse.Namespace) -> None:
     from qkov.results import write_results
     from qkov.training_log import read_training_log
 
-    check_selection(args.steps, args.weights_only, bool(args.corpus), args.tokens is not None)
     set_threads(args.threads)
     out = check_writable_folder(args.out if args.out else default_analysis_folder(args.checkpoint, folder))
     lazy = args.weights_only and reads_lazily(folder)  # no forward pass: one layer in memory at a time
