@@ -63,8 +63,11 @@ def interrupt_when(path, args):
     """Start ``qkov train`` in its own process group and send the group Ctrl-C (SIGINT, as a terminal
     does) once ``path`` exists; returns the exit status and stderr."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "qkov", *args], stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+        [sys.executable, "-m", "qkov", *args], stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    # Ctrl-C as a terminal's foreground job has it: a test run that is itself a background job of a
+    # non-interactive shell inherits SIGINT ignored, and so would the command
     deadline = time.time() + 120
     while not path.exists() and time.time() < deadline and process.poll() is None:
         time.sleep(0.002)
