@@ -121,6 +121,13 @@ def open_tensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         return {key: f.get_tensor(key) for key in f.keys()}, f.metadata() or {}  # noqa: SIM118
 
 
+def corrupt(file: Path, err: Exception) -> QkovError:
+    """The one line for a safetensors file that cannot be read (a git-lfs pointer named as such)."""
+    check_not_lfs_pointer(file)
+    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return QkovError(f"{file}: truncated or corrupt safetensors file ({reason})")
+
+
 def read_tensor_file(file: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Every tensor of a safetensors file and its metadata, with one clear line if the file is
     missing, truncated or corrupt, or its tensors do not match their checksum."""
@@ -130,9 +137,7 @@ def read_tensor_file(file: str | os.PathLike) -> tuple[dict[str, torch.Tensor], 
     try:
         tensors, metadata = open_tensors(file)
     except (SafetensorError, OSError, RuntimeError, ValueError, struct.error) as err:
-        check_not_lfs_pointer(file)
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise QkovError(f"{file}: truncated or corrupt safetensors file ({reason})") from None
+        raise corrupt(file, err) from None
     verify_checksum(tensors, metadata, str(file))
     return tensors, metadata
 
@@ -184,9 +189,7 @@ def map_tensor_file(file: str | os.PathLike) -> tuple[dict[str, MappedTensor], d
     try:
         tensors, metadata = _mapped_header(file)
     except (OSError, ValueError, TypeError, KeyError, struct.error) as err:
-        check_not_lfs_pointer(file)
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise QkovError(f"{file}: truncated or corrupt safetensors file ({reason})") from None
+        raise corrupt(file, err) from None
     expected = metadata.get(CHECKSUM_KEY)
     if expected is not None and _digest((n, tensors[n].read()) for n in sorted(tensors)) != expected:
         raise checksum_error(str(file))
