@@ -131,10 +131,14 @@ def test_explore_the_induction_head_in_headless_chromium(server, browser):
     next(b for b in driver.find_elements("css selector", "#head-buttons button") if b.text == "L1H0").click()
     wait_for(driver, lambda d: "Head L1H0" in d.find_element("id", "head-section").text, "head L1H0 selected")
 
+    # The head scores arrive on their own and redraw the panels above the text: hover once they are in,
+    # so that the page does not move between the pointer's aim and its arrival (a CI run lost that race).
+    wait_for(driver, lambda d: "Induction head: L1H0" in texts(d, "#guide")[0], "the head scores")
     # hover the second "cat" (position 9): the induction head attends to the token after the first "cat"
     tokens = driver.find_elements("css selector", "#tokens .tok")
     ActionChains(driver).move_to_element(tokens[9]).perform()
-    status = driver.find_element("id", "attention-status").text
+    wait_for(driver, lambda d: "attends most" in texts(d, "#attention-status")[0], "the hovered token's status")
+    status = texts(driver, "#attention-status")[0]
     assert status.startswith('L1H0: token 9 "cat" attends most to 1 "sat"'), status
     alpha = re.search(r"background: rgba\(31, 119, 180, ([0-9.]+)\)", tokens[1].get_attribute("style"))
     assert float(alpha[1]) > 0.9  # drawn where it attends
@@ -147,7 +151,6 @@ def test_explore_the_induction_head_in_headless_chromium(server, browser):
     assert texts(driver, "#ov tr td:first-child")[0] == "cat"  # attending to "cat", L1H0 raises "cat"
     wait_for(driver, lambda d: "Path expansion at position 9" in d.find_element("id", "paths").text, "paths")
     assert texts(driver, "#paths tr td:first-child")[0] == "L1H0"  # the term that predicts "sat"
-    wait_for(driver, lambda d: "Induction head: L1H0" in texts(d, "#guide")[0], "the head scores")
     driver.find_element("css selector", "#guide button").click()  # "why does L1H0 work?"
     wait_for(
         driver, lambda d: "K-composition induction check" in d.find_element("id", "pair").text, "the pair"
