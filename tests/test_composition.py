@@ -164,3 +164,29 @@ def test_a_pointer_arithmetic_induction_head_composes_through_its_queries():
     q, k = (qkov.composition_scores(model, kind, subtract_baseline=False) for kind in "QK")
     assert float(q[0, 0, 1, 0]) == pytest.approx(float(q[~q.isnan()].max()))
     assert float(q[0, 0, 1, 0]) > 0.2 and float(k[0, 0, 1, 0]) < 0.05
+
+
+def test_writers_in_groups_give_the_scores_of_all_at_once():
+    """A budget that holds one layer of writers' rows at a time (a pass over the later layers per
+    writer layer), or two, gives the scores, and the K-composition term's positivity, of the
+    budget that holds them all."""
+    from qkov.circuits.composition import all_raw_composition_scores, k_composition_positivity, writer_groups
+
+    model = model_3x4(n_layers=5)
+    whole = all_raw_composition_scores(model)
+    positivity = k_composition_positivity(model)
+    per_layer = 4 * 5 * 24 * 8  # one layer's rows in float64
+    assert [len(g) for g in writer_groups(5, per_layer, per_layer)] == [1, 1, 1, 1]
+    assert [list(g) for g in writer_groups(5, per_layer, 3 * per_layer)] == [[0, 1, 2], [3]]
+    for budget in (1, 2 * per_layer):
+        grouped = all_raw_composition_scores(model, memory_bytes=budget)
+        for kind in ("Q", "K", "V"):
+            torch.testing.assert_close(grouped[kind], whole[kind], equal_nan=True, rtol=1e-12, atol=0)
+        torch.testing.assert_close(
+            k_composition_positivity(model, memory_bytes=budget),
+            positivity,
+            equal_nan=True,
+            rtol=1e-12,
+            atol=1e-14,
+        )
+    assert torch.isnan(whole["K"][4]).all() and not torch.isnan(whole["K"][3, :, 4]).any()

@@ -483,3 +483,45 @@ def test_shared_factors_index_heads_and_keep_one_qr_for_a_transposed_pair():
         sfm[0, 0, 0]
     with pytest.raises(qkov.QkovError, match="cannot multiply"):
         qkov.SharedFactoredMatrix(torch.randn(30, 5), inner, L.mT)
+
+
+@SHARED_PROPERTY
+@given(shared(square=True), st.integers(1, 4))
+def test_float64_eigenvalues_of_float32_factors_widen_rows_at_a_time(sfm, rows):
+    """``eigenvalues(torch.float64)`` of float32 factors forms ``R L`` in float64, ``rows`` of the
+    outer factors widened at a time: the eigenvalues of the whole float64 copy, to its rounding."""
+    single = sfm.to(torch.float32)
+    widened = single.to(torch.float64)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(linalg, "GRAM_ROWS", rows)
+        got = single.eigenvalues(torch.float64)
+    expected = widened.eigenvalues()
+    assert got.dtype == torch.complex128
+    scale = float(widened.inner.B.abs().max() * widened.inner.A.abs().max()) * float(
+        (widened.right.abs() @ widened.left.abs()).max()
+    )
+    for p in (1, 2):  # power sums: the eigenvalues' order is not defined
+        close((got**p).sum(-1).numpy(), (expected**p).sum(-1).numpy(), 1e-12 * max(scale, 1e-30) ** p * sfm.m)
+
+
+def test_layers_share_the_outer_roots_and_give_the_whole_batchs_numbers():
+    """A pass over layers (:meth:`share_outer`) gives each layer the numbers of the whole batch,
+    computing the roots of the shared factors once; factors that are not the same are refused."""
+    L, R = torch.randn(40, 6, dtype=torch.float64), torch.randn(6, 40, dtype=torch.float64)
+    inner = FactoredMatrix(
+        torch.randn(3, 2, 6, 4, dtype=torch.float64), torch.randn(3, 2, 4, 6, dtype=torch.float64)
+    )
+    whole = qkov.SharedFactoredMatrix(L, inner, R)
+    first = None
+    for layer in range(3):
+        one = qkov.SharedFactoredMatrix(
+            L, FactoredMatrix(inner.A[layer : layer + 1], inner.B[layer : layer + 1]), R
+        )
+        first = one if first is None else first
+        one.share_outer(first)
+        torch.testing.assert_close(one.singular_values()[0], whole.singular_values()[layer])
+        torch.testing.assert_close(one.eigenvalues()[0], whole.eigenvalues()[layer])
+        assert one._outer is first._outer
+    assert len(first._outer) == 3  # the left root, the right root and R L: once for all layers
+    with pytest.raises(qkov.QkovError, match="same outer factors"):
+        qkov.SharedFactoredMatrix(L.clone(), inner, R).share_outer(whole)

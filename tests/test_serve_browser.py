@@ -137,7 +137,9 @@ def test_explore_the_induction_head_in_headless_chromium(server, browser):
     # hover the second "cat" (position 9): the induction head attends to the token after the first "cat"
     tokens = driver.find_elements("css selector", "#tokens .tok")
     ActionChains(driver).move_to_element(tokens[9]).perform()
-    wait_for(driver, lambda d: "attends most" in texts(d, "#attention-status")[0], "the hovered token's status")
+    wait_for(
+        driver, lambda d: "attends most" in texts(d, "#attention-status")[0], "the hovered token's status"
+    )
     status = texts(driver, "#attention-status")[0]
     assert status.startswith('L1H0: token 9 "cat" attends most to 1 "sat"'), status
     alpha = re.search(r"background: rgba\(31, 119, 180, ([0-9.]+)\)", tokens[1].get_attribute("style"))

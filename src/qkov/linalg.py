@@ -411,6 +411,30 @@ def wide_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
     return gram.triu() + gram.triu(1).mT
 
 
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` view the same memory the same way (two views of one tensor)."""
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
+
+
+def wide_product(
+    X: Float[Tensor, "e m"], Y: Float[Tensor, "m d"], dtype: torch.dtype
+) -> Float[Tensor, "e d"]:
+    """``X @ Y`` in ``dtype``, :data:`GRAM_ROWS` of the ``m`` inner rows converted at a time (the
+    product itself when the factors are in ``dtype`` already)."""
+    if X.dtype == dtype and Y.dtype == dtype:
+        return X @ Y
+    out = torch.zeros(X.shape[0], Y.shape[1], dtype=dtype, device=X.device)
+    for start in range(0, Y.shape[0], GRAM_ROWS):
+        end = start + GRAM_ROWS
+        out.addmm_(X[:, start:end].to(dtype), Y[start:end].to(dtype))
+    return out
+
+
 def _add_upper_gram(gram: Float[Tensor, "d d"], rows: Float[Tensor, "k d"]) -> None:
     """Add ``rows^T rows`` to the upper triangle of ``gram`` (and some of the lower): the two diagonal
     halves recursively and the off-diagonal block once, down to ``GRAM_LEAF`` columns, which is 56%
@@ -473,6 +497,21 @@ class SharedFactoredMatrix:
             )
         dtype = torch.promote_types(torch.promote_types(left.dtype, right.dtype), inner.dtype)
         self.left, self.right, self.inner = left.to(dtype), right.to(dtype), inner.to(dtype)
+        self._outer: dict[object, Tensor] = {}  # what depends on the outer factors alone (share_outer)
+
+    def share_outer(self, other: SharedFactoredMatrix) -> SharedFactoredMatrix:
+        """This matrix, reading ``other``'s roots and cross product of the same outer factors (computed
+        once for all of them): what a pass over a model's layers, one batch of heads at a time,
+        needs so that ``W_E``'s and ``W_U``'s ``d_vocab``-long algebra is not repeated per layer."""
+        if not (_same_tensor(other.left, self.left) and _same_tensor(other.right, self.right)):
+            raise QkovError("share_outer needs matrices with the same outer factors (the same tensors)")
+        self._outer = other._outer
+        return self
+
+    def _shared(self, key: object, compute) -> Tensor:
+        if key not in self._outer:
+            self._outer[key] = compute()
+        return self._outer[key]
 
     @property
     def batch_shape(self) -> torch.Size:
@@ -506,7 +545,7 @@ class SharedFactoredMatrix:
         if len(key) > len(self.batch_shape) or any(k is None or k is Ellipsis for k in key):
             raise QkovError(f"a SharedFactoredMatrix of shape {tuple(self.shape)} is indexed by head only")
         inner = FactoredMatrix(self.inner.A[key], self.inner.B[key])
-        return SharedFactoredMatrix(self.left, inner, self.right)
+        return SharedFactoredMatrix(self.left, inner, self.right).share_outer(self)
 
     def factored(self) -> FactoredMatrix:
         """``FactoredMatrix(L A, B R)``: the ``m``- and ``n``-long factors of every matrix, built (on
@@ -517,29 +556,30 @@ class SharedFactoredMatrix:
     def core(self) -> FactoredMatrix:
         """``(R_L A)(B R_R^T)``, ``[..., min(m, d), min(n, e)]``: the same singular values and
         Frobenius norm as ``L A B R`` (``Q_L``, ``Q_R`` have orthonormal columns)."""
-        right_root = self._left_root if self._right_is_left_transposed else outer_root(self.right.mT)
-        return FactoredMatrix(self._left_root @ self.inner.A, self.inner.B @ right_root.mT)
+        return FactoredMatrix(self._left_root @ self.inner.A, self.inner.B @ self._right_root.mT)
 
-    @functools.cached_property
+    @property
     def _left_root(self) -> Tensor:
-        return outer_root(self.left)
+        return self._shared("left root", lambda: outer_root(self.left))
+
+    @property
+    def _right_root(self) -> Tensor:
+        if self._right_is_left_transposed:
+            return self._left_root
+        return self._shared("right root", lambda: outer_root(self.right.mT))
 
     @property
     def _right_is_left_transposed(self) -> bool:
         """``R`` is a transposed view of ``L`` (a full QK circuit): one root serves both."""
-        t = self.left.mT
-        return (
-            self.right.data_ptr() == t.data_ptr()
-            and self.right.shape == t.shape
-            and (self.right.stride() == t.stride())
-        )
+        return _same_tensor(self.right, self.left.mT)
 
-    @functools.cached_property
-    def _cross(self) -> Float[Tensor, "e d"]:
-        """``R L``, computed once: the middle of every reordered product ``B (R L) A``."""
-        if self._right_is_left_transposed:
-            return self._left_root.mT @ self._left_root  # R^T R = L^T L
-        return self.right @ self.left
+    def _cross(self, dtype: torch.dtype) -> Float[Tensor, "e d"]:
+        """``R L`` in ``dtype``, computed once: the middle of every reordered product ``B (R L) A``.
+        In a wider dtype than the factors', :data:`GRAM_ROWS` of the ``m`` rows are widened at a time,
+        so that no widened copy of ``L`` or ``R`` (``d_vocab`` long) is ever held."""
+        if self._right_is_left_transposed and dtype == self.dtype:
+            return self._shared(dtype, lambda: self._left_root.mT @ self._left_root)  # R^T R = L^T L
+        return self._shared(dtype, lambda: wide_product(self.right, self.left, dtype))
 
     @functools.cached_property
     def _singular_values(self) -> Float[Tensor, "... k"]:
@@ -554,18 +594,22 @@ class SharedFactoredMatrix:
         """Singular values of each ``L A B R``, descending, ``k = min(m, n, d, e, r)``."""
         return self._singular_values.clone()
 
-    def eigenvalues(self) -> Complex[Tensor, "... k"]:
+    def eigenvalues(self, dtype: torch.dtype | None = None) -> Complex[Tensor, "... k"]:
         """The eigenvalues of each square ``L A B R`` that can be nonzero, ``k = min(m, r)``:
-        those of ``B (R L) A`` (``r x r``) when ``r <= m``, else of the (then small) product."""
+        those of ``B (R L) A`` (``r x r``) when ``r <= m``, else of the (then small) product; in
+        ``dtype`` when given (float64 for float32 factors: ``R L`` formed in it, without a float64
+        copy of the outer factors)."""
         self._require_square("eigenvalues")
+        dtype = dtype or self.dtype
         if self.inner.r > self.m:
-            return self.factored().eigenvalues()
-        return torch.linalg.eigvals(self.inner.B @ self._cross @ self.inner.A)
+            return self.to(dtype).factored().eigenvalues()  # r > m: a small vocabulary
+        inner = self.inner.to(dtype)
+        return torch.linalg.eigvals(inner.B @ self._cross(dtype) @ inner.A)
 
     def trace(self) -> Float[Tensor, "..."]:
         """``tr(L A B R) = tr(B (R L) A)``."""
         self._require_square("trace")
-        return torch.einsum("...ij,...ji->...", self.inner.B @ self._cross, self.inner.A)
+        return torch.einsum("...ij,...ji->...", self.inner.B @ self._cross(self.dtype), self.inner.A)
 
     def _require_square(self, what: str) -> None:
         if self.m != self.n:

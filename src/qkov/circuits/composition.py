@@ -30,15 +30,17 @@ from jaxtyping import Complex, Float
 from torch import Tensor
 
 from qkov.circuits.copying import Copying
-from qkov.circuits.qk_ov import stacked_weights
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
-from qkov.linalg import FactoredMatrix, eigenvalue_positivity, gram_root
+from qkov.linalg import FactoredMatrix, eigenvalue_positivity, gram_root, wide_product
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, parse_head
 
 KINDS = ("Q", "K", "V")
 BASELINE_SAMPLES = 100
+# The writers' rows (R_V W_O, d_head x d_model per head) kept at once: Llama-3.1-8B's shapes hold 8
+# layers (64 MiB each in float32), so its 32 layers are read in 4 passes
+WRITER_BYTES = 2**29
 TOP_PAIRS = 32  # the strongest pairs of each kind Composition.top keeps, for a reader of a big model
 # A product of every writer's rows with every reader's columns, as one d_head x d_head block per pair.
 PAIR_BLOCKS = (
@@ -64,63 +66,83 @@ def raw_composition_scores(
 
 
 def all_raw_composition_scores(
-    model: AttnOnlyTransformer, kinds: tuple[str, ...] = KINDS
+    model: AttnOnlyTransformer, kinds: tuple[str, ...] = KINDS, memory_bytes: int = WRITER_BYTES
 ) -> dict[str, Float[Tensor, "layer_from head_from layer_to head_to"]]:
     """Raw scores of several kinds at once, sharing the Gram roots of ``W_Q``, ``W_K``, ``W_V``
-    and ``W_O^T`` (each computed once).
+    and ``W_O^T``.
 
     For ``h1 -> h2`` the numerator is ``‖left[h1] @ right[h2]‖_F`` with ``left = R_V1 W_O1``
     (``[d_head, d_model]``) and ``right`` = ``W_Q2 R_K2^T`` (Q), ``W_K2 R_Q2^T`` (K) or
     ``W_V2 R_O2^T`` (V); the denominators are ``‖R_V R_O^T‖`` (the OV norm) and ``‖R_Q R_K^T‖``
     (the QK norm).
+
+    The writers' ``left`` rows are the only thing kept across layers: as many layers of them as fit
+    in ``memory_bytes`` at a time, each such group met by every later layer in one pass over the
+    layers, so that a model read layer by layer (:mod:`qkov.interop.lazy`) is scored in memory
+    bounded by the budget and one layer, not by its depth (a deep model's layers are read once per
+    group).
     """
     model = circuit_model(model)
     for kind in kinds:
         if kind not in KINDS:
             raise QkovError(f"composition kind must be one of Q, K, V, got {kind!r}")
     cfg = model.cfg
-    attention = [block.attn for block in model.blocks]
-    scores = {}
+    shape = (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads)
+    scores = {kind: torch.full(shape, math.nan, dtype=model.W_E.dtype, device=model.device) for kind in kinds}
+    per_layer = cfg.n_heads * cfg.d_head * cfg.d_model * model.W_E.element_size()
     with torch.no_grad():
-        # the weights as [d_model, d_head] factors per layer (views, no stacked copies)
-        W = {name: [getattr(a, f"W_{name}").detach() for a in attention] for name in "QKV"}
-        W["O"] = [a.W_O.detach().mT for a in attention]
-        needed = {"V", "O"} | ({"Q", "K"} if {"Q", "K"} & set(kinds) else set())
-        R = {name: torch.stack([_gram_root(w) for w in W[name]]) for name in needed}
-        fro = torch.linalg.matrix_norm
-        ov_norm = fro(R["V"] @ R["O"].mT)
-        left = torch.stack(
-            [
-                rearrange(r @ w.mT, "n_heads d_head d_model -> (n_heads d_head) d_model")
-                for r, w in zip(R["V"], W["O"], strict=True)
-            ]
-        )
-        for kind in kinds:
-            reads, partner = {"Q": ("Q", "K"), "K": ("K", "Q"), "V": ("V", "O")}[kind]
-            reader_norm = ov_norm if kind == "V" else fro(R["Q"] @ R["K"].mT)
-            shape = (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads)
-            out = torch.full(shape, math.nan, dtype=left.dtype, device=left.device)
-            for layer_to in range(1, cfg.n_layers):
-                right = rearrange(
-                    W[reads][layer_to] @ R[partner][layer_to].mT,
-                    "head_to d_model d_head_to -> d_model (head_to d_head_to)",
-                )
-                # every pair (a writer in an earlier layer, a reader in layer_to) in one matrix
-                # product, whose d_head x d_head blocks are the pairs' products
-                products = left[:layer_to].flatten(0, 1) @ right
-                pair_products = rearrange(
-                    products.square_(),
-                    PAIR_BLOCKS,
-                    layer_from=layer_to,
-                    head_from=cfg.n_heads,
-                    head_to=cfg.n_heads,
-                )
-                numerator = pair_products.sum((-1, -2)).sqrt()
-                out[:layer_to, :, layer_to] = numerator / (
-                    ov_norm[:layer_to, :, None] * reader_norm[layer_to]
-                )
-            scores[kind] = out
+        for writers in writer_groups(cfg.n_layers, per_layer, memory_bytes):
+            _score_writer_group(model, kinds, writers, scores)
     return scores
+
+
+def writer_groups(n_layers: int, per_layer: int, memory_bytes: int) -> list[range]:
+    """The writer layers (every layer but the last) in groups of as many as ``memory_bytes`` holds
+    at ``per_layer`` bytes each (one at least): a pass over the later layers per group."""
+    size = max(1, memory_bytes // per_layer)
+    return [range(first, min(first + size, n_layers - 1)) for first in range(0, n_layers - 1, size)]
+
+
+def _layer_factors(attn, needed: set[str]) -> dict[str, Tensor]:
+    """One layer's weights as ``[n_heads, d_model, d_head]`` factors (``W_O`` transposed), and the
+    Gram roots (``R`` + name) of those in ``needed``."""
+    W = {name: getattr(attn, f"W_{name}").detach() for name in "QKV"}
+    W["O"] = attn.W_O.detach().mT
+    return W | {"R" + name: _gram_root(W[name]) for name in needed}
+
+
+def _score_writer_group(
+    model: AttnOnlyTransformer, kinds: tuple[str, ...], writers: range, scores: dict[str, Tensor]
+) -> None:
+    """Fill ``scores`` for every writer in the layers ``writers`` and every reader after it: one pass
+    over the layers from the group's first, each read once (as a writer, then as a reader)."""
+    cfg, fro = model.cfg, torch.linalg.matrix_norm
+    needed = {"V", "O"} | ({"Q", "K"} if {"Q", "K"} & set(kinds) else set())
+    # the group's writers: R_V W_O rows, [layer_from, (head_from d_head), d_model], and their OV norms
+    left = model.W_E.new_empty(len(writers), cfg.n_heads * cfg.d_head, cfg.d_model)
+    ov_norms = model.W_E.new_empty(len(writers), cfg.n_heads)
+    for layer in range(writers.start, cfg.n_layers):
+        f = _layer_factors(model.blocks[layer].attn, needed)
+        ov_norm = fro(f["RV"] @ f["RO"].mT)
+        held = min(layer, writers.stop) - writers.start  # the group's writers before this layer
+        for kind in kinds if held else ():  # a reader of the group's writers
+            reads, partner = {"Q": ("Q", "K"), "K": ("K", "Q"), "V": ("V", "O")}[kind]
+            reader_norm = ov_norm if kind == "V" else fro(f["RQ"] @ f["RK"].mT)
+            right = rearrange(
+                f[reads] @ f["R" + partner].mT, "head_to d_model d_head_to -> d_model (head_to d_head_to)"
+            )
+            for i in range(held):  # one writer layer at a time: what is built does not grow with depth
+                # every pair (a head of the writer layer, a head of this one) in one matrix product,
+                # whose d_head x d_head blocks are the pairs' products
+                pair_products = rearrange(
+                    (left[i] @ right).square_(), PAIR_BLOCKS,
+                    layer_from=1, head_from=cfg.n_heads, head_to=cfg.n_heads,
+                )  # fmt: skip
+                numerator = pair_products.sum((-1, -2)).sqrt()[0]
+                scores[kind][writers.start + i, :, layer] = numerator / (ov_norms[i][:, None] * reader_norm)
+        if layer in writers:
+            left[held] = rearrange(f["RV"] @ f["O"].mT, "n_heads d_head d_model -> (n_heads d_head) d_model")
+            ov_norms[held] = ov_norm
 
 
 @lru_cache(maxsize=32)
@@ -197,7 +219,7 @@ def k_composition_circuit(model: AttnOnlyTransformer, writer: str, reader: str) 
 
 
 def k_composition_positivity(
-    model: AttnOnlyTransformer,
+    model: AttnOnlyTransformer, memory_bytes: int = WRITER_BYTES
 ) -> Float[Tensor, "layer_from head_from layer_to head_to"]:
     """:func:`qkov.copying_score` of every :func:`k_composition_circuit`, NaN where
     ``layer_from >= layer_to``: near +1 for an induction head reading a previous-token head.
@@ -205,33 +227,48 @@ def k_composition_positivity(
     The term is ``W_E W_Q2 W_K2^T W_O1^T W_V1^T W_E^T`` (row vectors, scale left out: it does not
     change the sign of an eigenvalue); its nonzero eigenvalues are those of the ``d_head x d_head``
     reordering ``(W_O1 W_K2)^T (W_V1^T G W_Q2)``, with the token Gram matrix ``G = W_E^T W_E`` formed
-    once, so nothing vocabulary-sized, and nothing ``d_model x d_model`` per pair, is built."""
+    once, so nothing vocabulary-sized, and nothing ``d_model x d_model`` per pair, is built. All in
+    float64; the writers' ``W_V`` and ``W_O`` kept as :func:`all_raw_composition_scores` keeps its
+    rows, ``memory_bytes`` of them at a time (in the weights' dtype, widened one layer at a time)."""
     model = circuit_model(model)
     cfg = model.cfg
     shape = (cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads)
     out = torch.full(shape, math.nan, dtype=torch.float64, device=model.device)
+    per_layer = 2 * cfg.n_heads * cfg.d_head * cfg.d_model * model.W_E.element_size()
     with torch.no_grad():
-        W_E = model.W_E.double()
-        gram = W_E.mT @ W_E
-        W_Q, W_K, W_V, W_O = (stacked_weights(model, name).double() for name in ("W_Q", "W_K", "W_V", "W_O"))
-        # every writer's W_V^T and W_O as [(layer_from head_from d_head), d_model]: one product per
-        # reader layer
-        values_in = rearrange(W_V, "n_layers n_heads d_model d_head -> (n_layers n_heads d_head) d_model")
-        keys_out = rearrange(W_O, "n_layers n_heads d_head d_model -> (n_layers n_heads d_head) d_model")
-        readers = "head_to d_model d_head_to -> d_model (head_to d_head_to)"
-        for layer_to in range(1, cfg.n_layers):  # one reader layer at a time: its pairs only in memory
-            writers = layer_to * cfg.n_heads * cfg.d_head
-            queries = rearrange(gram @ W_Q[layer_to], readers)  # W_E^T W_E W_Q2
-            values = values_in[:writers] @ queries  # blocks W_V1^T G W_Q2
-            keys = keys_out[:writers] @ rearrange(W_K[layer_to], readers)  # blocks W_O1 W_K2
+        gram = wide_product(model.W_E.mT, model.W_E, torch.float64)  # W_E^T W_E, d_model x d_model
+        for writers in writer_groups(cfg.n_layers, per_layer, memory_bytes):
+            _positivity_writer_group(model, gram, writers, out)
+    return out
+
+
+def _positivity_writer_group(model: AttnOnlyTransformer, gram: Tensor, writers: range, out: Tensor) -> None:
+    """Fill ``out`` for every writer in the layers ``writers`` and every reader after it, in one pass
+    over the layers from the group's first (see :func:`k_composition_positivity`)."""
+    cfg = model.cfg
+    # every writer's W_V^T and W_O as [layer_from, (head_from d_head), d_model]
+    values_in = model.W_E.new_empty(len(writers), cfg.n_heads * cfg.d_head, cfg.d_model)
+    keys_out = torch.empty_like(values_in)
+    readers = "head_to d_model d_head_to -> d_model (head_to d_head_to)"
+    for layer in range(writers.start, cfg.n_layers):
+        attn = model.blocks[layer].attn
+        held = min(layer, writers.stop) - writers.start  # the group's writers before this layer
+        if held:
+            queries = rearrange(gram @ attn.W_Q.double(), readers)  # W_E^T W_E W_Q2
+            keys_to = rearrange(attn.W_K.double(), readers)
+        for i in range(held):  # one writer layer at a time: what is built does not grow with depth
+            values = values_in[i].double() @ queries  # blocks W_V1^T G W_Q2
+            keys = keys_out[i].double() @ keys_to  # blocks W_O1 W_K2
             keys_blocks, values_blocks = (
-                rearrange(x, PAIR_BLOCKS, layer_from=layer_to, head_from=cfg.n_heads, head_to=cfg.n_heads)
+                rearrange(x, PAIR_BLOCKS, layer_from=1, head_from=cfg.n_heads, head_to=cfg.n_heads)
                 for x in (keys, values)
             )
             small = (keys_blocks.mT @ values_blocks).flatten(0, 2)  # [pairs, d_head, d_head]
             scores = eigenvalue_positivity(_eigvals(small))
-            out[:layer_to, :, layer_to] = scores.reshape(layer_to, cfg.n_heads, cfg.n_heads)
-    return out
+            out[writers.start + i, :, layer] = scores.reshape(cfg.n_heads, cfg.n_heads)
+        if layer in writers:
+            values_in[held] = rearrange(attn.W_V, "n_heads d_model d_head -> (n_heads d_head) d_model")
+            keys_out[held] = rearrange(attn.W_O, "n_heads d_head d_model -> (n_heads d_head) d_model")
 
 
 def _eigvals(matrices: Float[Tensor, "batch k k"]) -> Complex[Tensor, "batch k"]:

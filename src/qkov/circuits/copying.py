@@ -17,7 +17,9 @@ question "is the eigenvalue statistic a reliable test for copying?".
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -26,7 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import Tensor
 
-from qkov.circuits.qk_ov import shared_full_ov_circuit
+from qkov.circuits.qk_ov import full_circuits_by_layer
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.linalg import BLOCK_BYTES, FactoredMatrix, SharedFactoredMatrix, eigenvalue_positivity
@@ -144,8 +146,7 @@ def direct_copying(
     without replacement (the same rows for every head, from ``generator``), each row exact, with a
     confidence interval. Rows stream in blocks (a progress bar on stderr unless ``progress=False``);
     no ``d_vocab x d_vocab`` matrix and no ``[heads, d_vocab, d_head]`` factor is built."""
-    ov = shared_full_ov_circuit(model)
-    d_vocab = ov.m
+    d_vocab = model.cfg.d_vocab
     if sample_rows is not None and sample_rows < 1:
         raise QkovError(f"sample_rows must be a positive number of rows, got {sample_rows}")
     exact = sample_rows is None or sample_rows >= d_vocab
@@ -154,10 +155,18 @@ def direct_copying(
     else:
         rows = torch.randperm(d_vocab, generator=generator, device="cpu")[:sample_rows]
     device = model.device if device is None else torch.device(device)
-    diagonal_mean, diagonal_z, ranks = diagonal_and_ranks(ov, rows.sort().values, device, progress)
-    n_layers, n_heads = ov.batch_shape
+    n_heads, found, unembed_gram = model.cfg.n_heads, [], None
+    with _progress_bar(progress) as shown:
+        task = shown.add_task("direct copying", total=d_vocab * model.cfg.n_layers)
+        for ov in full_circuits_by_layer(model, "OV"):  # one layer's heads at a time
+            if unembed_gram is None:  # W_U W_U^T once for every layer
+                W_U = ov.right.to(device)
+                unembed_gram = W_U @ W_U.mT
+            advance = partial(shown.advance, task)
+            found.append(diagonal_and_ranks(ov, rows.sort().values, device, advance, unembed_gram))
+    diagonal_mean, diagonal_z, ranks = (torch.cat(parts) for parts in zip(*found, strict=True))
     out = []
-    for index in range(n_layers * n_heads):
+    for index in range(len(ranks)):
         top1 = int((ranks[index] == 1).sum())
         out.append(
             DirectCopying(
@@ -203,7 +212,11 @@ def wilson_interval(successes: int, trials: int, z: float = WILSON_Z) -> tuple[f
 
 @torch.no_grad()
 def diagonal_and_ranks(
-    ov: SharedFactoredMatrix, rows: Int[Tensor, "rows"], device: torch.device, progress: bool = False
+    ov: SharedFactoredMatrix,
+    rows: Int[Tensor, "rows"],
+    device: torch.device,
+    advance: Callable[[int], object] = lambda tokens: None,
+    unembed_gram: Float[Tensor, "d_model d_model"] | None = None,
 ) -> tuple[Float[Tensor, "heads"], Float[Tensor, "heads"], Int[Tensor, "heads rows"]]:
     """Every head's mean diagonal and mean diagonal z-score (over every token), and the 1-based
     rank of each of ``rows``' own token in its row (ties against it), in one pass over blocks of
@@ -214,11 +227,13 @@ def diagonal_and_ranks(
     ``P (W_O W_U W_U^T W_O^T / d_vocab) P^T``, with the Gram matrix ``W_U W_U^T`` formed once (so no
     row is built). The same ``Q`` is the block's columns of every head's ``W_O W_U``: the scored
     rows' ``W_E[rows] W_V`` times it are their entries in these columns, counted against each
-    row's own entry. Nothing ``d_vocab x d_vocab``, and no head's ``W_O W_U``, is built."""
+    row's own entry. Nothing ``d_vocab x d_vocab``, and no head's ``W_O W_U``, is built. ``advance``
+    gets each block's tokens; ``unembed_gram``: ``W_U W_U^T`` on ``device``, if the caller has it."""
     W_E, W_U, W_V, W_O = _head_factors(ov, device)
     heads, d_head = W_O.shape[:2]
     mean_direction = (W_O @ W_U.mean(1))[:, None, :]  # [heads, 1, d_head]
-    second_moment = W_O @ (W_U @ W_U.mT) @ W_O.mT / ov.n  # [heads, d_head, d_head]
+    gram = W_U @ W_U.mT if unembed_gram is None else unembed_gram
+    second_moment = W_O @ gram @ W_O.mT / ov.n  # [heads, d_head, d_head]
     # Heads and their d_head coordinates first, tokens last: each block's P and Q come out of one
     # matmul in the layout every later product and reduction reads contiguously.
     W_V_t, W_O_t = W_V.flatten(1).mT, W_O.flatten(0, 1)  # [heads * d_head, d_model]
@@ -238,25 +253,23 @@ def diagonal_and_ranks(
     row_step = max(1, block_bytes // (heads * min(step, ov.m) * W_E.element_size()))
     diagonal_sum = torch.zeros(heads, dtype=torch.float64, device=device)
     z_sum = torch.zeros(heads, dtype=torch.float64, device=device)
-    with _progress_bar(progress) as shown:
-        task = shown.add_task("direct copying", total=ov.m)
-        for start in range(0, ov.m, step):
-            P, Q = factors(slice(start, start + step))  # [heads, d_head, b]
-            diagonal = (P * Q).sum(1)  # [heads, b]
-            mean = (mean_direction @ P)[:, 0]
-            square = ((second_moment @ P) * P).sum(1)  # second_moment is symmetric
-            std = (square - mean.square()).clamp_min(0).sqrt()
-            z = torch.where(std > 0, (diagonal - mean) / torch.where(std > 0, std, 1), 0)
-            diagonal_sum += diagonal.sum(1, dtype=torch.float64)
-            z_sum += z.sum(1, dtype=torch.float64)
-            for first in range(0, len(rows), row_step):
-                scored = slice(first, first + row_step)
-                entries = P_rows[:, scored] @ Q  # [heads, rows, b]
-                local = rows[scored] - start  # a row's own column, when it is in this block
-                inside = ((local >= 0) & (local < Q.shape[-1])).nonzero()[:, 0]
-                entries[:, inside, local[inside]] = -torch.inf  # the own entry is not counted against itself
-                counts[:, scored] += entries.ge_(own[:, scored]).sum(-1, dtype=counts.dtype)  # no bool copy
-            shown.advance(task, Q.shape[-1])
+    for start in range(0, ov.m, step):
+        P, Q = factors(slice(start, start + step))  # [heads, d_head, b]
+        diagonal = (P * Q).sum(1)  # [heads, b]
+        mean = (mean_direction @ P)[:, 0]
+        square = ((second_moment @ P) * P).sum(1)  # second_moment is symmetric
+        std = (square - mean.square()).clamp_min(0).sqrt()
+        z = torch.where(std > 0, (diagonal - mean) / torch.where(std > 0, std, 1), 0)
+        diagonal_sum += diagonal.sum(1, dtype=torch.float64)
+        z_sum += z.sum(1, dtype=torch.float64)
+        for first in range(0, len(rows), row_step):
+            scored = slice(first, first + row_step)
+            entries = P_rows[:, scored] @ Q  # [heads, rows, b]
+            local = rows[scored] - start  # a row's own column, when it is in this block
+            inside = ((local >= 0) & (local < Q.shape[-1])).nonzero()[:, 0]
+            entries[:, inside, local[inside]] = -torch.inf  # the own entry is not counted against itself
+            counts[:, scored] += entries.ge_(own[:, scored]).sum(-1, dtype=counts.dtype)  # no bool copy
+        advance(Q.shape[-1])
     return (diagonal_sum / ov.m).cpu(), (z_sum / ov.m).cpu(), (counts.long() + 1).cpu()
 
 
@@ -309,10 +322,14 @@ def copying_analysis(model: AttnOnlyTransformer, baseline_samples: int = 200) ->
     """Every head's copying score, from float64 eigenvalues of the ``d_head x d_head`` reordering
     of its full OV circuit (nothing ``d_vocab x d_vocab`` is built), against the scores of
     ``baseline_samples`` random Gaussian factors of the first head's shapes (seed 0)."""
-    ov = shared_full_ov_circuit(model)
-    eigenvalues = ov.to(torch.float64).eigenvalues().cpu()
+    by_layer, baseline = [], None
+    for ov in full_circuits_by_layer(model, "OV"):  # each layer's weights read in turn, not kept
+        by_layer.append(ov.eigenvalues(torch.float64).cpu())
+        if baseline is None:
+            first = ov[0, 0].factored()
+            baseline = random_copying_scores(first, baseline_samples, torch.Generator().manual_seed(0))
+    eigenvalues = torch.cat(by_layer)
     scores = eigenvalue_positivity(eigenvalues)
-    baseline = random_copying_scores(ov[0, 0].factored(), baseline_samples, torch.Generator().manual_seed(0))
     threshold = float(baseline.quantile(0.99))
     heads = [
         HeadCopying(

@@ -183,8 +183,9 @@ def neuron_logit_effects(model: AttnOnlyTransformer) -> Float[Tensor, "n_layers 
     circuit = circuit_model(model)
     _mlp(circuit, 0)
     root = outer_root(circuit.W_U.detach().T)  # [k, d_model]
-    W_out = torch.stack([block.mlp.W_out.detach() for block in circuit.blocks])
-    return (W_out @ root.T).norm(dim=-1) / circuit.cfg.d_out**0.5
+    # one layer's W_out at a time: a model read layer by layer never holds them all
+    effects = [(block.mlp.W_out.detach() @ root.T).norm(dim=-1) for block in circuit.blocks]
+    return torch.stack(effects) / circuit.cfg.d_out**0.5
 
 
 # -- the last MLP on data: exact direct logit contributions -----------------------------------------

@@ -25,8 +25,10 @@ not part of it.
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -40,11 +42,13 @@ from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name
 
 
-def stacked_weights(model: AttnOnlyTransformer, name: str) -> Tensor:
-    """``W_Q``, ``W_K``, ``W_V`` or ``W_O`` of every layer, ``[n_layers, n_heads, ...]``."""
+def stacked_weights(model: AttnOnlyTransformer, name: str, layers: Sequence[int] | None = None) -> Tensor:
+    """``W_Q``, ``W_K``, ``W_V`` or ``W_O`` of every layer (or of ``layers``),
+    ``[n_layers, n_heads, ...]``."""
     if model.cfg.n_layers == 0:
         raise QkovError("a model with no layers has no attention heads")
-    return torch.stack([getattr(block.attn, name) for block in model.blocks])
+    blocks = model.blocks if layers is None else [model.blocks[layer] for layer in layers]
+    return torch.stack([getattr(block.attn, name) for block in blocks])
 
 
 def offsets_of(offset: int | range | None) -> range:
@@ -61,30 +65,67 @@ def offsets_of(offset: int | range | None) -> range:
     return range(offset, offset + 1)
 
 
-def qk_circuit(model: AttnOnlyTransformer, offset: int | range | None = None) -> FactoredMatrix:
+def qk_circuit(
+    model: AttnOnlyTransformer, offset: int | range | None = None, layers: Sequence[int] | None = None
+) -> FactoredMatrix:
     """Every head's QK circuit ``W_Q W_K^T`` (paper: ``W_QK = W_Q^T W_K``),
     ``[n_layers, n_heads, d_model, d_model]``, destination residual x source residual. With rotary
     positions it depends on the offset ``d`` (query position minus key position): ``W_Q R(d) W_K^T``
     (:mod:`qkov.rotary`), still of rank ``d_head``; ``offset`` is one offset or a range to average
     over (default: offsets 1 to 64). A model without rotary positions has the same circuit at
-    every offset."""
-    model = circuit_model(model, offsets_of(offset))
-    return FactoredMatrix(stacked_weights(model, "W_Q"), stacked_weights(model, "W_K").mT)
+    every offset. ``layers``: those layers' heads only (``[len(layers), n_heads, ...]``)."""
+    return _qk(circuit_model(model, offsets_of(offset)), layers)
 
 
-def ov_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
+def _qk(view: AttnOnlyTransformer, layers: Sequence[int] | None) -> FactoredMatrix:
+    """:func:`qk_circuit` of a model that is its own circuit model already."""
+    return FactoredMatrix(stacked_weights(view, "W_Q", layers), stacked_weights(view, "W_K", layers).mT)
+
+
+def ov_circuit(model: AttnOnlyTransformer, layers: Sequence[int] | None = None) -> FactoredMatrix:
     """Every head's OV circuit ``W_V W_O`` (paper: ``W_OV = W_O W_V``),
-    ``[n_layers, n_heads, d_model, d_model]``, source residual -> written residual."""
-    model = circuit_model(model)
-    return FactoredMatrix(stacked_weights(model, "W_V"), stacked_weights(model, "W_O"))
+    ``[n_layers, n_heads, d_model, d_model]``, source residual -> written residual (``layers``:
+    those layers' heads only)."""
+    return _ov(circuit_model(model), layers)
 
 
-def shared_full_ov_circuit(model: AttnOnlyTransformer) -> SharedFactoredMatrix:
+def _ov(view: AttnOnlyTransformer, layers: Sequence[int] | None) -> FactoredMatrix:
+    """:func:`ov_circuit` of a model that is its own circuit model already."""
+    return FactoredMatrix(stacked_weights(view, "W_V", layers), stacked_weights(view, "W_O", layers))
+
+
+def shared_full_ov_circuit(
+    model: AttnOnlyTransformer, layers: Sequence[int] | None = None
+) -> SharedFactoredMatrix:
     """Every head's full OV circuit ``W_E (W_V W_O) W_U`` (paper: ``W_U W_OV W_E``) with ``W_E``
     and ``W_U`` kept shared: norms, singular values and eigenvalues of all heads come from
-    ``d_model``-sized algebra, and no ``d_vocab``-long factor is built per head."""
-    model = circuit_model(model)
-    return SharedFactoredMatrix(model.W_E, ov_circuit(model), model.W_U)
+    ``d_model``-sized algebra, and no ``d_vocab``-long factor is built per head (``layers``: those
+    layers' heads only)."""
+    return _full(circuit_model(model), "OV", layers)
+
+
+def _full(
+    view: AttnOnlyTransformer, circuit: Literal["OV", "QK"], layers: Sequence[int] | None
+) -> SharedFactoredMatrix:
+    """The full OV or QK circuits of a model that is its own circuit model already."""
+    if circuit == "OV":
+        return SharedFactoredMatrix(view.W_E, _ov(view, layers), view.W_U)
+    return SharedFactoredMatrix(view.W_E, _qk(view, layers) * view.cfg.d_head**-0.5, view.W_E.mT)
+
+
+def full_circuits_by_layer(
+    model: AttnOnlyTransformer, circuit: Literal["OV", "QK"], offset: int | range | None = None
+) -> Iterator[SharedFactoredMatrix]:
+    """Each layer's full OV or QK circuits in turn (``[1, n_heads, d_vocab, d_vocab]``, kept shared
+    as :func:`shared_full_ov_circuit` keeps them), the roots of ``W_E`` and ``W_U`` computed once for
+    all: a pass that holds one layer's heads at a time, so that a model read layer by layer
+    (:mod:`qkov.interop.lazy`) is analysed in memory that does not grow with its depth."""
+    view = circuit_model(model, offsets_of(offset))
+    first = None
+    for layer in range(view.cfg.n_layers):
+        full = _full(view, circuit, [layer])
+        first = full if first is None else first
+        yield full.share_outer(first)
 
 
 def full_ov_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:
@@ -109,13 +150,12 @@ class QKTerms(NamedTuple):
 
 
 def shared_full_qk_circuit(
-    model: AttnOnlyTransformer, offset: int | range | None = None
+    model: AttnOnlyTransformer, offset: int | range | None = None, layers: Sequence[int] | None = None
 ) -> SharedFactoredMatrix:
     """Every head's token-token attention scores ``W_E (W_Q W_K^T / sqrt(d_head)) W_E^T`` (paper:
     ``W_E^T W_QK W_E``) with ``W_E`` kept shared (one root of its Gram matrix serves both sides);
-    ``offset`` as for :func:`qk_circuit`."""
-    model = circuit_model(model, offsets_of(offset))
-    return SharedFactoredMatrix(model.W_E, qk_circuit(model) * model.cfg.d_head**-0.5, model.W_E.mT)
+    ``offset`` and ``layers`` as for :func:`qk_circuit`."""
+    return _full(circuit_model(model, offsets_of(offset)), "QK", layers)
 
 
 def full_qk_circuit(model: AttnOnlyTransformer, offset: int | range | None = None) -> FactoredMatrix:
@@ -161,14 +201,16 @@ def qk_term_rms(model: AttnOnlyTransformer) -> dict[str, Float[Tensor, "n_layers
     model = circuit_model(model)
     if model.W_pos is None:
         raise QkovError("the model has no positional embedding (positional_embedding='none')")
-    qk = qk_circuit(model) * model.cfg.d_head**-0.5
     sides = {"token": model.W_E, "pos": model.W_pos}
-    return {
-        f"{d}_{s}": SharedFactoredMatrix(sides[d], qk, sides[s].mT).norm()
-        / math.sqrt(len(sides[d]) * len(sides[s]))
-        for d in ("token", "pos")
-        for s in ("token", "pos")
-    }
+    first: dict[str, SharedFactoredMatrix] = {}  # each term's outer roots, computed once
+    rms: dict[str, list[Tensor]] = {}
+    for layer in range(model.cfg.n_layers):  # one layer's heads at a time
+        qk = _qk(model, [layer]) * model.cfg.d_head**-0.5
+        for d, s in itertools.product(sides, sides):
+            full = SharedFactoredMatrix(sides[d], qk, sides[s].mT)
+            full.share_outer(first.setdefault(f"{d}_{s}", full))
+            rms.setdefault(f"{d}_{s}", []).append(full.norm() / math.sqrt(len(sides[d]) * len(sides[s])))
+    return {term: torch.cat(values) for term, values in rms.items()}
 
 
 def qk_position_content(model: AttnOnlyTransformer) -> dict[str, dict[str, float]] | None:

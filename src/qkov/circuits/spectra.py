@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from qkov.circuits.qk_ov import shared_full_ov_circuit, shared_full_qk_circuit
+from qkov.circuits.qk_ov import full_circuits_by_layer
 from qkov.errors import QkovError
 from qkov.linalg import numerical_rank
 from qkov.model import AttnOnlyTransformer
@@ -65,24 +65,24 @@ def head_spectra(
         raise QkovError(f"circuit must be 'OV' or 'QK', got {circuit!r}")
     if k < 1:
         raise QkovError(f"k must be at least 1, got {k}")
-    full = shared_full_ov_circuit(model) if circuit == "OV" else shared_full_qk_circuit(model)
-    S = full.singular_values()
-    ranks = numerical_rank(S, full.m, full.n).tolist()
-    norms = S.square().sum(-1).sqrt().tolist()  # the norm is exact from the same core
-    effective = effective_rank(S.double()).tolist()
-    n_layers, n_heads = full.batch_shape
-    return [
-        HeadSpectrum(
-            name=head_name(layer, head),
-            layer=layer,
-            head=head,
-            norm=norms[layer][head],
-            singular_values=tuple(S[layer, head, : min(k, ranks[layer][head])].tolist()),
-            effective_rank=effective[layer][head],
-        )
-        for layer in range(n_layers)
-        for head in range(n_heads)
-    ]
+    found = []
+    for layer, full in enumerate(full_circuits_by_layer(model, circuit)):  # one layer held at a time
+        S = full.singular_values()[0]
+        ranks = numerical_rank(S, full.m, full.n).tolist()
+        norms = S.square().sum(-1).sqrt().tolist()  # the norm is exact from the same core
+        effective = effective_rank(S.double()).tolist()
+        found += [
+            HeadSpectrum(
+                name=head_name(layer, head),
+                layer=layer,
+                head=head,
+                norm=norms[head],
+                singular_values=tuple(S[head, : min(k, ranks[head])].tolist()),
+                effective_rank=effective[head],
+            )
+            for head in range(len(S))
+        ]
+    return found
 
 
 @dataclass(frozen=True)
