@@ -18,9 +18,10 @@ Each block is folded as it is read (:func:`~qkov.interop.fold.fold_tensors`, the
 positions, grouped-query attention, query/key norms or norms after each sublayer, another lazy
 model over the same mapped tensors whose blocks are turned into the circuit view
 (:func:`~qkov.interop.fold.view_layer`) as they are read. The weight-based analyses read it
-unchanged, in memory that grows with the width and the vocabulary, and by the per-head factors an
-analysis keeps, not by the layers' weights. The forward pass of a lazy model runs layer by layer,
-reading each layer again on every pass: correct, and slow for anything but a few batches.
+unchanged, in memory that grows with the width and the vocabulary, not with the depth: they pass
+over the layers one at a time, and composition keeps only its writers' factors, within a budget.
+The forward pass of a lazy model runs layer by layer, reading each layer again on every pass:
+correct, and slow for anything but a few batches.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def open_lazy(folder: Path, dtype: torch.dtype | None = None) -> LazyTransformer
     a model read whole's."""
     source = lazy_source(folder, dtype)
     cfg, ends = folded_ends(source)
-    circuit = partial(circuit_lazy, source) if any(f in VIEW_FEATURES for f in cfg.features) else None
+    viewed = any(f in VIEW_FEATURES for f in cfg.features)
+    circuit = partial(circuit_lazy, source, cfg, ends) if viewed else None
     biases = source.cfg.affine_norms or source.biases  # folding gives every bias (zeros where absent)
     model = LazyTransformer(cfg, ends, partial(model_block, source), biases, source.dtype, circuit)
     model.tokenizer = source.tokenizer
@@ -173,10 +175,11 @@ def model_block(source: LazySource, layer: int) -> Block:
     return block_from_tensors(cfg, layer, state, True, source.dtype, source.where)
 
 
-def circuit_lazy(source: LazySource, offsets: range) -> LazyTransformer:
+def circuit_lazy(source: LazySource, cfg: Config, ends: dict[str, Tensor], offsets: range) -> LazyTransformer:
     """The lazy model :func:`qkov.interop.fold.circuit_model` gives for ``offsets``: the circuit
-    view (:func:`~qkov.interop.fold.circuit_view`) of the folded model, one layer at a time."""
-    cfg, ends = folded_ends(source)
+    view (:func:`~qkov.interop.fold.circuit_view`) of the folded model (of config ``cfg``), one layer
+    at a time, sharing the folded model's ``ends`` (the view changes no end: at Llama 3's vocabulary
+    a copy of the embedding and unembedding is 2 GiB)."""
     biases = source.cfg.affine_norms or source.biases
     load = partial(view_block, source, cfg, offsets, biases)
     model = LazyTransformer(view_config(cfg), ends, load, biases, source.dtype)

@@ -51,8 +51,9 @@ class LazyBlocks(Sequence[Block]):
 
 class LazyTransformer(Transformer):
     """A :class:`~qkov.model.Transformer` of ``cfg`` whose ends (the parameters outside the blocks,
-    ``ends`` by their names) are held in ``dtype`` and whose blocks are built by ``load`` when read
-    (:class:`LazyBlocks`). ``circuit(offsets)`` gives the lazy model the weight-based circuits read
+    ``ends`` by their names, held as given when in ``dtype``: two lazy models may share them) are in
+    ``dtype`` and whose blocks are built by ``load`` when read (:class:`LazyBlocks`).
+    ``circuit(offsets)`` gives the lazy model the weight-based circuits read
     (:func:`qkov.interop.fold.circuit_model`); None when this model is that already."""
 
     def __init__(
@@ -67,11 +68,10 @@ class LazyTransformer(Transformer):
         with torch.device("meta"):
             super().__init__(cfg, biases, init=False)
         del self.blocks
-        self.to_empty(device="cpu").to(dtype)
-        with torch.no_grad():
-            for name, param in self.named_parameters():
-                param.copy_(ends[name]) if name in ends else param.zero_()
-        self.requires_grad_(False)
+        for name, param in list(self.named_parameters()):  # the ends themselves, not copies of them
+            owner, _, leaf = name.rpartition(".")
+            value = ends[name].to(dtype) if name in ends else torch.zeros(param.shape, dtype=dtype)
+            setattr(self.get_submodule(owner), leaf, torch.nn.Parameter(value, requires_grad=False))
         self.blocks: Sequence[Block] = LazyBlocks(cfg.n_layers, load)
         self._circuit, self._circuits = circuit, {}
 
