@@ -58,13 +58,13 @@ class RotaryBands:
     positional_wavelength: int = POSITIONAL_WAVELENGTH
 
 
-def _term_norms(gram: Tensor, W_Q: Tensor, W_K: Tensor, groups: list[Tensor]) -> Tensor:
+def _term_norms(M_Q: Tensor, M_K: Tensor, groups: list[Tensor]) -> Tensor:
     """``||W_E W_Q[:, g] W_K[:, g]^T W_E^T||_F`` for each group of dimensions ``g``, as
-    ``sqrt(tr((W_Q_g^T G W_Q_g)(W_K_g^T G W_K_g)))`` with ``G = W_E^T W_E``."""
+    ``sqrt(tr(M_Q[g, g] M_K[g, g]))`` with ``M = W^T G W`` (``d_head x d_head``, ``G = W_E^T W_E``):
+    the groups' blocks of one product per head, not a ``d_model``-long product per group."""
     norms = []
     for dims in groups:
-        q, k = W_Q[:, dims], W_K[:, dims]
-        value = torch.trace((q.T @ gram @ q) @ (k.T @ gram @ k)) if len(dims) else q.new_zeros(())
+        value = torch.trace(M_Q[dims][:, dims] @ M_K[dims][:, dims]) if len(dims) else M_Q.new_zeros(())
         norms.append(value.clamp_min(0).sqrt())
     return torch.stack(norms)
 
@@ -85,9 +85,10 @@ def rotary_bands(model: Transformer) -> RotaryBands:
         wavelength = (2 * math.pi / frequencies(cfg, layer)).tolist()
         wavelengths.append(wavelength)
         short = torch.tensor([w < POSITIONAL_WAVELENGTH for w in wavelength])
+        W_Q, W_K = block.attn.W_Q.detach().double(), block.attn.W_K.detach().double()
+        M_Q, M_K = W_Q.mT @ (gram @ W_Q), W_K.mT @ (gram @ W_K)  # [n_heads, d_head, d_head], a layer at once
         for head in range(cfg.n_heads):
-            W_Q, W_K = block.attn.W_Q[head].detach().double(), block.attn.W_K[head].detach().double()
-            norms = _term_norms(gram, W_Q, W_K, groups)
+            norms = _term_norms(M_Q[head], M_K[head], groups)
             shares = norms / norms.sum().clamp_min(1e-300)
             planes = shares[:-1]
             heads.append(
