@@ -27,7 +27,10 @@ import torch
 from qkov.machine import matmul_rate
 
 SRC = Path(__file__).resolve().parent.parent / "src"
-STEPS = "spectra,copying,qk_position_content,composition,induction_check,rotary_bands,gqa_groups"
+STEPS = (  # every step that reads the weights alone and applies to a Llama
+    "spectra,copying_direct,copying,copying_comparison,qk_position_content,composition,induction_check,"
+    "rotary_bands,gqa_groups,neurons"
+)
 MEASURE = textwrap.dedent(
     """
     import json, sys, time

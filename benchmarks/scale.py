@@ -17,8 +17,10 @@ Times are scaled to a 100 GFLOP/s float32 core (wall x the one-thread matmul rat
 / 100 GFLOP/s): these machines differ by 2x in matmul speed from one session to the next.
 
     flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.2-1b
-    flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.1-8b --layers 2
-    flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.1-70b-width
+    flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.1-8b --layers 2 \
+        --steps spectra,copying --no-tl         # what one layer of 8B costs, and the fixed part
+    flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.1-70b-width \
+        --steps spectra,copying,composition --no-tl
     python benchmarks/scale.py --shape tiny            # the script itself, in a few seconds
 """
 
@@ -83,7 +85,8 @@ QKOV = textwrap.dedent(
     analyze.STEPS = tuple(timed(step) for step in analyze.STEPS)
     started = time.perf_counter()
     try:
-        main(["analyze", sys.argv[1], "--weights-only", "--quiet", "--out", sys.argv[2]])
+        steps = ["--steps", sys.argv[3]] if sys.argv[3] else []
+        main(["analyze", sys.argv[1], "--weights-only", "--quiet", "--out", sys.argv[2], *steps])
     except SystemExit as done:
         assert not done.code, done.code
     peak = max([hwm(), *peaks.values()])
@@ -109,7 +112,7 @@ TRANSFORMER_LENS = textwrap.dedent(
             out[name] = {"seconds": time.perf_counter() - started}
             return value
         except (MemoryError, RuntimeError) as err:
-            out[name] = {"error": type(err).__name__ + ": " + str(err).splitlines()[0][:120]}
+            out[name] = {"error": type(err).__name__ + ": " + str(err).splitlines()[0][:260]}
         finally:
             print(json.dumps(out), flush=True)
 
@@ -209,10 +212,10 @@ def write_checkpoint(folder: Path, s: dict, spectrum: str) -> int:
     return total
 
 
-def run_qkov(folder: Path, out: Path) -> dict:
+def run_qkov(folder: Path, out: Path, steps: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(SRC))
     done = subprocess.run(  # each step's line on stderr as it ends, to follow a long run
-        [sys.executable, "-c", QKOV, str(folder), str(out)], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", QKOV, str(folder), str(out), steps], stdout=subprocess.PIPE, text=True, env=env
     )
     if done.returncode:
         raise SystemExit("qkov analyze failed (its error above)")
@@ -242,6 +245,7 @@ def main() -> None:
         "--tl-limit", type=float, default=8.0, help="GiB of address space for TransformerLens"
     )
     parser.add_argument("--no-tl", action="store_true", help="leave TransformerLens out")
+    parser.add_argument("--steps", default="", help="qkov analyze --steps (default: every weights-only step)")
     args = parser.parse_args()
     s = dict(SHAPES[args.shape], vocab=VOCAB.get(args.shape, 128256))
     s["layers"] = args.layers or s["layers"]
@@ -260,7 +264,7 @@ def main() -> None:
         size = write_checkpoint(Path(tmp) / "model", s, args.spectrum)
         shards = len(list((Path(tmp) / "model").glob("*.safetensors")))
         print(f"written: {size / GiB:.2f} GiB in {shards} shards, {time.perf_counter() - started:.0f} s")
-        got = run_qkov(Path(tmp) / "model", Path(tmp) / "out")
+        got = run_qkov(Path(tmp) / "model", Path(tmp) / "out", args.steps)
     print(f"qkov analyze --weights-only: {got['total']:.1f} s wall, {got['total'] * scale:.1f} s scaled, "
           f"peak {got['peak'] / GiB:.2f} GiB")  # fmt: skip
     for step, seconds in got["steps"].items():

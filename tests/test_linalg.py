@@ -525,3 +525,21 @@ def test_layers_share_the_outer_roots_and_give_the_whole_batchs_numbers():
     assert len(first._outer) == 3  # the left root, the right root and R L: once for all layers
     with pytest.raises(qkov.QkovError, match="same outer factors"):
         qkov.SharedFactoredMatrix(L.clone(), inner, R).share_outer(whole)
+
+
+def test_float64_gram_is_remembered_while_its_tensor_lives_unchanged():
+    """The float64 Gram of a live tensor is computed once (a transposed view of it too); changed in
+    place, or gone (its memory free for another tensor), it is computed again."""
+    W = torch.randn(50, 6)
+    first = linalg.float64_gram(W)
+    torch.testing.assert_close(first, W.double().mT @ W.double(), rtol=1e-12, atol=1e-12)
+    assert linalg.float64_gram(W) is first
+    assert linalg.float64_gram(W.mT.mT) is first  # a view of it, read the same way
+    transposed = linalg.float64_gram(W.mT)
+    torch.testing.assert_close(transposed, W.double() @ W.double().mT, rtol=1e-12, atol=1e-12)
+    W.mul_(2)  # in place: its version moves
+    torch.testing.assert_close(linalg.float64_gram(W), 4 * first, rtol=1e-12, atol=1e-12)
+    shape = W.shape
+    del W
+    other = torch.full(shape, 3.0)  # may reuse the freed memory: never the old Gram
+    torch.testing.assert_close(linalg.float64_gram(other), torch.full((6, 6), 450.0, dtype=torch.float64))

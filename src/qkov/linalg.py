@@ -23,6 +23,7 @@ their Gram matrices are taken once for the whole batch, and no vocabulary-long f
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -392,7 +393,33 @@ def outer_root(X: Float[Tensor, "m d"]) -> Float[Tensor, "k d"]:
     """
     if X.dtype not in WIDER:
         return torch.linalg.qr(X, mode="r").R
-    return gram_root(wide_gram(X), min(X.shape)).to(X.dtype)
+    return gram_root(float64_gram(X).to(WIDER[X.dtype]), min(X.shape)).to(X.dtype)
+
+
+def float64_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
+    """``X^T X`` in float64 (:func:`wide_gram` for float32 ``X``), remembered for the last
+    :data:`KEPT_GRAMS` tensors while they live and are not changed in place: the analyses of one
+    model read ``W_E^T W_E`` and ``W_U W_U^T`` several times (spectra's roots, GQA groups, rotary
+    bands, the induction check, neurons), each ``2 d_vocab d_model^2`` FLOP (a teraFLOP at Llama 3's
+    vocabulary and width 2048). Alive means the tensor ``X`` views is (a parameter, not a detached
+    copy of it, whose life ends with the call): while it lives, no other tensor's data is at its
+    address."""
+    base = X if X._base is None else X._base
+    key = (X.data_ptr(), tuple(X.shape), tuple(X.stride()), X.dtype, X.device, X._version)
+    for stale in [k for k, (alive, _) in _GRAMS.items() if alive() is None]:
+        del _GRAMS[stale]  # its tensor is gone: its memory may hold another one now
+    if key in _GRAMS:  # its tensor alive (stale ones dropped above): the same memory, the same numbers
+        return _GRAMS[key][1]
+    with torch.no_grad():
+        gram = X.mT @ X if X.dtype == torch.float64 else wide_gram(X).to(torch.float64)
+    _GRAMS[key] = (weakref.ref(base), gram)
+    while len(_GRAMS) > KEPT_GRAMS:
+        del _GRAMS[next(iter(_GRAMS))]
+    return gram
+
+
+KEPT_GRAMS = 2  # an embedding's and an unembedding's
+_GRAMS: dict[tuple, tuple[weakref.ref, Tensor]] = {}
 
 
 def wide_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:

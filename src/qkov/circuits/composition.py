@@ -32,7 +32,7 @@ from torch import Tensor
 from qkov.circuits.copying import Copying
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
-from qkov.linalg import FactoredMatrix, eigenvalue_positivity, gram_root, wide_product
+from qkov.linalg import FactoredMatrix, eigenvalue_positivity, float64_gram, gram_root
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, parse_head
 
@@ -236,7 +236,7 @@ def k_composition_positivity(
     out = torch.full(shape, math.nan, dtype=torch.float64, device=model.device)
     per_layer = 2 * cfg.n_heads * cfg.d_head * cfg.d_model * model.W_E.element_size()
     with torch.no_grad():
-        gram = wide_product(model.W_E.mT, model.W_E, torch.float64)  # W_E^T W_E, d_model x d_model
+        gram = float64_gram(model.W_E)  # W_E^T W_E, d_model x d_model
         for writers in writer_groups(cfg.n_layers, per_layer, memory_bytes):
             _positivity_writer_group(model, gram, writers, out)
     return out

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from qkov.interop.fold import circuit_model
-from qkov.linalg import wide_product
+from qkov.linalg import float64_gram
 from qkov.model import Transformer
 from qkov.names import head_name
 
@@ -61,8 +61,7 @@ def group_similarity(model: Transformer) -> list[GroupSimilarity]:
         return []
     view = circuit_model(model)
     # in float64, a block of rows at a time: no float64 copy of W_E or W_U (2 GiB each at Llama 3's)
-    W_E, W_U = view.W_E.detach(), view.W_U.detach()
-    gram_e, gram_u = wide_product(W_E.mT, W_E, torch.float64), wide_product(W_U, W_U.mT, torch.float64)
+    gram_e, gram_u = float64_gram(view.W_E), float64_gram(view.W_U.mT)
     size, found = cfg.n_heads // cfg.n_kv_heads, []
     for layer, block in enumerate(view.blocks):
         attn = block.attn.requires_grad_(False)

@@ -176,13 +176,14 @@ def neuron_values(
     )
 
 
+@torch.no_grad()
 def neuron_logit_effects(model: AttnOnlyTransformer) -> Float[Tensor, "n_layers d_mlp"]:
     """Every neuron's direct logit effect ``||W_out[n] W_U|| / sqrt(d_vocab)`` on the folded weights
     (see the module docstring): ``||W_out[n] R^T||`` with ``R^T R = W_U W_U^T``
     (:func:`qkov.linalg.outer_root`, once for every layer), no ``d_mlp x d_vocab`` product."""
     circuit = circuit_model(model)
     _mlp(circuit, 0)
-    root = outer_root(circuit.W_U.detach().T)  # [k, d_model]
+    root = outer_root(circuit.W_U.T)  # [k, d_model]
     # one layer's W_out at a time: a model read layer by layer never holds them all
     effects = [(block.mlp.W_out.detach() @ root.T).norm(dim=-1) for block in circuit.blocks]
     return torch.stack(effects) / circuit.cfg.d_out**0.5

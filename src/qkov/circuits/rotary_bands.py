@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from qkov.interop.fold import ANALYSIS_OFFSETS, circuit_model
-from qkov.linalg import FactoredMatrix
+from qkov.linalg import FactoredMatrix, float64_gram
 from qkov.model import Transformer
 from qkov.names import head_name
 from qkov.rotary import frequencies, plane_index, rotary_dim
@@ -76,7 +76,7 @@ def rotary_bands(model: Transformer) -> RotaryBands:
     if cfg.positional_embedding != "rotary":
         raise ValueError("rotary_bands needs a model with rotary positions")
     view = circuit_model(model, range(0, 1))  # gains and scale in the weights, no rotation (offset 0)
-    gram = (view.W_E.T @ view.W_E).detach().double()
+    gram = float64_gram(view.W_E)
     first, second = plane_index(cfg)
     groups = [torch.tensor([a, b]) for a, b in zip(first.tolist(), second.tolist(), strict=True)]
     groups.append(torch.arange(rotary_dim(cfg), cfg.d_head))

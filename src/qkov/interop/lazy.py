@@ -26,6 +26,7 @@ correct, and slow for anything but a few batches.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -146,10 +147,10 @@ def open_lazy(folder: Path, dtype: torch.dtype | None = None) -> LazyTransformer
     a model read whole's."""
     source = lazy_source(folder, dtype)
     cfg, ends = folded_ends(source)
-    viewed = any(f in VIEW_FEATURES for f in cfg.features)
-    circuit = partial(circuit_lazy, source, cfg, ends) if viewed else None
+    viewed, kept = any(f in VIEW_FEATURES for f in cfg.features), OrderedDict()  # blocks held, in all
+    circuit = partial(circuit_lazy, source, cfg, ends, kept) if viewed else None
     biases = source.cfg.affine_norms or source.biases  # folding gives every bias (zeros where absent)
-    model = LazyTransformer(cfg, ends, partial(model_block, source), biases, source.dtype, circuit)
+    model = LazyTransformer(cfg, ends, partial(model_block, source), biases, source.dtype, circuit, kept)
     model.tokenizer = source.tokenizer
     return model
 
@@ -175,14 +176,16 @@ def model_block(source: LazySource, layer: int) -> Block:
     return block_from_tensors(cfg, layer, state, True, source.dtype, source.where)
 
 
-def circuit_lazy(source: LazySource, cfg: Config, ends: dict[str, Tensor], offsets: range) -> LazyTransformer:
+def circuit_lazy(
+    source: LazySource, cfg: Config, ends: dict[str, Tensor], kept: OrderedDict, offsets: range
+) -> LazyTransformer:
     """The lazy model :func:`qkov.interop.fold.circuit_model` gives for ``offsets``: the circuit
     view (:func:`~qkov.interop.fold.circuit_view`) of the folded model (of config ``cfg``), one layer
     at a time, sharing the folded model's ``ends`` (the view changes no end: at Llama 3's vocabulary
-    a copy of the embedding and unembedding is 2 GiB)."""
+    a copy of the embedding and unembedding is 2 GiB) and its ``kept`` blocks."""
     biases = source.cfg.affine_norms or source.biases
     load = partial(view_block, source, cfg, offsets, biases)
-    model = LazyTransformer(view_config(cfg), ends, load, biases, source.dtype)
+    model = LazyTransformer(view_config(cfg), ends, load, biases, source.dtype, kept=kept)
     model.tokenizer = source.tokenizer
     return model
 

@@ -24,10 +24,13 @@ KEEP = 2  # blocks kept built: a pass over pairs of adjacent layers reads each o
 
 
 class LazyBlocks(Sequence[Block]):
-    """``n`` blocks, each built by ``load(layer)`` when indexed; the last :data:`KEEP` kept."""
+    """``n`` blocks, each built by ``load(layer)`` when indexed; the last :data:`KEEP` kept, in
+    ``kept`` when given: shared by the lazy models of one source (the model and its circuit views),
+    so that :data:`KEEP` blocks are held in all, not in each (at Llama-3.2-1B's shapes a block is
+    0.25 GiB in float32)."""
 
-    def __init__(self, n: int, load: Callable[[int], Block]) -> None:
-        self.n, self.load, self.kept = n, load, OrderedDict()
+    def __init__(self, n: int, load: Callable[[int], Block], kept: OrderedDict | None = None) -> None:
+        self.n, self.load, self.kept = n, load, OrderedDict() if kept is None else kept
 
     def __len__(self) -> int:
         return self.n
@@ -38,12 +41,13 @@ class LazyBlocks(Sequence[Block]):
         layer = index + self.n if index < 0 else index
         if not 0 <= layer < self.n:
             raise IndexError(f"layer {index} of a {self.n}-layer model")
-        if layer not in self.kept:
-            self.kept[layer] = self.load(layer)
-            while len(self.kept) > KEEP:
+        key = (id(self), layer)
+        if key not in self.kept:
+            while len(self.kept) >= KEEP:  # let go before building: never KEEP + 1 blocks at once
                 self.kept.popitem(last=False)
-        self.kept.move_to_end(layer)
-        return self.kept[layer]
+            self.kept[key] = self.load(layer)
+        self.kept.move_to_end(key)
+        return self.kept[key]
 
     def __iter__(self) -> Iterator[Block]:
         return (self[layer] for layer in range(self.n))
@@ -54,7 +58,8 @@ class LazyTransformer(Transformer):
     ``ends`` by their names, held as given when in ``dtype``: two lazy models may share them) are in
     ``dtype`` and whose blocks are built by ``load`` when read (:class:`LazyBlocks`).
     ``circuit(offsets)`` gives the lazy model the weight-based circuits read
-    (:func:`qkov.interop.fold.circuit_model`); None when this model is that already."""
+    (:func:`qkov.interop.fold.circuit_model`); None when this model is that already. ``kept``: the
+    built blocks, shared with the other lazy models of the same source (:class:`LazyBlocks`)."""
 
     def __init__(
         self,
@@ -64,6 +69,7 @@ class LazyTransformer(Transformer):
         biases: bool,
         dtype: torch.dtype,
         circuit: Callable[[range], LazyTransformer] | None = None,
+        kept: OrderedDict | None = None,
     ) -> None:
         with torch.device("meta"):
             super().__init__(cfg, biases, init=False)
@@ -72,7 +78,7 @@ class LazyTransformer(Transformer):
             owner, _, leaf = name.rpartition(".")
             value = ends[name].to(dtype) if name in ends else torch.zeros(param.shape, dtype=dtype)
             setattr(self.get_submodule(owner), leaf, torch.nn.Parameter(value, requires_grad=False))
-        self.blocks: Sequence[Block] = LazyBlocks(cfg.n_layers, load)
+        self.blocks: Sequence[Block] = LazyBlocks(cfg.n_layers, load, kept)
         self._circuit, self._circuits = circuit, {}
 
     def circuit(self, offsets: range) -> LazyTransformer:
