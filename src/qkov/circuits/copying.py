@@ -155,7 +155,7 @@ def direct_copying(
     else:
         rows = torch.randperm(d_vocab, generator=generator, device="cpu")[:sample_rows]
     device = model.device if device is None else torch.device(device)
-    n_heads, found, unembed_gram = model.cfg.n_heads, [], None
+    n_heads, found, unembed_gram, rows = model.cfg.n_heads, [], None, rows.sort().values
     with _progress_bar(progress) as shown:
         task = shown.add_task("direct copying", total=d_vocab * model.cfg.n_layers)
         for ov in full_circuits_by_layer(model, "OV"):  # one layer's heads at a time
@@ -163,7 +163,7 @@ def direct_copying(
                 W_U = ov.right.to(device)
                 unembed_gram = W_U @ W_U.mT
             advance = partial(shown.advance, task)
-            found.append(diagonal_and_ranks(ov, rows.sort().values, device, advance, unembed_gram))
+            found.append(diagonal_and_ranks(ov, rows, device, advance, unembed_gram))
     diagonal_mean, diagonal_z, ranks = (torch.cat(parts) for parts in zip(*found, strict=True))
     out = []
     for index in range(len(ranks)):
