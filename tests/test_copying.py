@@ -170,13 +170,73 @@ def test_positive_eigenvalues_without_copying_are_a_disagreement():
         qkov.compare_copying(scores, direct[:2])
 
 
-def test_the_row_budget_is_exact_for_small_models_and_samples_a_50k_vocabulary():
+def test_the_budget_is_exact_for_small_models_and_samples_wide_vocabularies():
+    """Within the budget nothing is sampled; GPT-2 small samples both (its pass over every token's
+    diagonal alone is 1.4 TFLOP); the paper's one-layer shape keeps its diagonal exact and samples
+    ranked rows; Llama-3.2-1B's shape gets the least of each. Every plan fits its budget, but for
+    those least numbers."""
     small = qkov.Config(n_layers=2, n_heads=4, d_model=128, d_head=32, d_vocab=4096, n_ctx=128)
     gpt2 = qkov.Config(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024)
-    assert copying.sample_rows_for(small) is None
-    rows = copying.sample_rows_for(gpt2)
-    assert 200 < rows < 50257 and rows * 144 * 2 * 50257 * 64 <= copying.EXACT_FLOP_BUDGET["cpu"]
-    assert copying.sample_rows_for(gpt2, "cuda") is None
+    one_layer = qkov.Config(n_layers=1, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024)
+    llama = qkov.Config(n_layers=16, n_heads=32, d_model=2048, d_head=64, d_vocab=128256, n_ctx=1024)
+    budget = copying.EXACT_FLOP_BUDGET["cpu"]
+    assert copying.sample_rows_for(small) == (None, None)
+    diagonal, ranks = copying.sample_rows_for(gpt2)
+    assert copying.MIN_DIAGONAL_ROWS < diagonal < 50257 and copying.MIN_RANK_ROWS < ranks < 64
+    assert diagonal * 4 * 144 * 64 * 768 <= budget / 2 and ranks * 2 * 144 * 768 * 50257 <= budget / 2
+    assert copying.sample_rows_for(gpt2, "cuda") == (None, None)
+    diagonal, ranks = copying.sample_rows_for(one_layer)
+    assert diagonal is None and 1000 < ranks < 50257
+    assert 50257 * 4 * 12 * 64 * 768 + ranks * 2 * 12 * 64 * 50257 <= budget
+    assert copying.sample_rows_for(llama) == (copying.MIN_DIAGONAL_ROWS, copying.MIN_RANK_ROWS)
+
+
+@PROPERTY
+@given(small_float64_models(), st.integers(1, 64), st.integers(1, 64), st.integers(0, 2**16))
+def test_sampled_diagonals_and_ranks_match_the_dense_circuit_on_the_drawn_tokens(model, rows, tokens, seed):
+    """Both samples come from one draw: the diagonal's tokens and the ranked rows are its first
+    ``tokens`` and ``rows``, each value exact, and the standard errors are the sample's, corrected
+    for drawing without replacement. The ranks are read in either of their two forms."""
+    V = model.cfg.d_vocab
+    got = qkov.direct_copying(
+        model, rows, generator=torch.Generator().manual_seed(seed), progress=False, diagonal_rows=tokens
+    )
+    drawn = torch.randperm(V, generator=torch.Generator().manual_seed(seed)).numpy()
+    ranked, averaged = np.sort(drawn[:rows]), drawn[:tokens]
+    for row in got:
+        e = dense_direct(model)[row.name]
+        scale = max(np.abs(e["M"]).max(), 1e-30)
+        assert row.exact == (rows >= V) and row.rows == min(rows, V)
+        assert row.self_rank_median == np.median(e["rank"][ranked])
+        if tokens >= V:
+            assert row.diagonal_rows is None and row.diagonal_z_se is None and row.diagonal_mean_se is None
+            continue
+        n = len(averaged)
+        correction = (1 - n / V) / n
+        for value, se, dense, tolerance in (
+            (row.diagonal_mean, row.diagonal_mean_se, e["diagonal"][averaged], 1e-10 * scale),
+            (row.diagonal_z, row.diagonal_z_se, e["z"][averaged], 1e-8),
+        ):
+            assert value == pytest.approx(dense.mean(), abs=tolerance)
+            spread = dense.var(ddof=1) if n > 1 else 0.0
+            assert se == pytest.approx(math.sqrt(spread * correction), abs=10 * tolerance)
+        assert row.diagonal_rows == n
+
+
+def test_a_sampled_diagonal_is_within_its_standard_errors_of_the_whole_one():
+    """Over 200 of 300 tokens, every head's mean diagonal z lies within 3 standard errors of the
+    mean over every token; so does the mean diagonal."""
+    model = partly_copying_model()
+    exact = {row.name: row for row in qkov.direct_copying(model, progress=False)}
+    gen = torch.Generator().manual_seed(5)
+    sampled = qkov.direct_copying(model, 20, generator=gen, progress=False, diagonal_rows=200)
+    for row in sampled:
+        truth = exact[row.name]
+        assert row.diagonal_rows == 200 and 0 < row.diagonal_z_se
+        assert abs(row.diagonal_z - truth.diagonal_z) <= 3 * row.diagonal_z_se
+        assert abs(row.diagonal_mean - truth.diagonal_mean) <= 3 * row.diagonal_mean_se
+    with pytest.raises(qkov.QkovError, match="diagonal_rows"):
+        qkov.direct_copying(model, diagonal_rows=0, progress=False)
 
 
 def test_copying_and_anti_copying_heads():

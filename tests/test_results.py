@@ -104,6 +104,8 @@ def without_later_keys(old: dict) -> dict:
         for kind in ("Q", "K", "V"):  # the strongest pairs, and one strongest score per layer pair
             assert top[kind] == sorted(old["composition"][kind], key=lambda p: -p["score"])[: len(top[kind])]
             assert [row[1:] for row in layers[kind][:1]] == [[top[kind][0]["score"]]]
+    for row in old["copying_direct"] or []:  # the diagonal over sampled tokens, added since
+        assert [row.pop(key) for key in ("diagonal_rows", "diagonal_mean_se", "diagonal_z_se")] == [None] * 3
     for key in ("d_vocab_out", "bos_token_id"):
         assert old["config"].pop(key) is None
     if old["attention_examples"]:

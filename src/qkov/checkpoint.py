@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
+from torch import nn
 
 from qkov.config import Config
 from qkov.errors import QkovError
@@ -136,13 +137,16 @@ def block_from_tensors(
     required = {name: shape for name, shape in every.items() if not is_bias(name)}
     optional = {name: shape for name, shape in every.items() if is_bias(name)}
     check_tensors(required, optional, tensors, source, f"layer {layer}")
-    block = Block(cfg, biases, layer).to(dtype)
-    prefix = f"blocks.{layer}."
-    with torch.no_grad():
-        for name, param in block.named_parameters():
-            tensor = tensors.get(prefix + name)
-            param.copy_(tensor) if tensor is not None else param.zero_()
-    return block.requires_grad_(False)
+    # The block's own parameters are allocated but never written (so never resident): each is
+    # replaced by its tensor, converted only when its dtype differs, so that building a block from
+    # a layer read in the compute dtype copies nothing.
+    block, prefix = Block(cfg, biases, layer), f"blocks.{layer}."
+    for name, param in list(block.named_parameters()):
+        owner, _, leaf = name.rpartition(".")
+        tensor = tensors.get(prefix + name)
+        tensor = torch.zeros(param.shape, dtype=dtype) if tensor is None else tensor.detach().to(dtype)
+        setattr(block.get_submodule(owner), leaf, nn.Parameter(tensor, requires_grad=False))
+    return block.to(dtype)  # the buffers (rotary frequencies)
 
 
 def is_bias(name: str) -> bool:

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -38,13 +39,16 @@ from qkov.numbers import finite
 
 WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95% interval
 DEVICE_BLOCK_BYTES = 2**30  # rows scored at once on an accelerator: large matmuls keep it busy
-# Self ranks are exact (every row) up to this many FLOP of row products. On CPU 0.25 TFLOP: the
-# row blocks (K = 64) with their comparisons ran at 16-75 GFLOP/s on this shared 2-core machine
-# (benchmarks/analyze_gpt2.py; 2159 rows, the earlier 2 TFLOP, took 50-280 s), so GPT-2 small gets
-# 269 sampled rows in about 10 s, its W_O W_U per head included; every default model stays exact
-# (2-layer: 8.6 GFLOP). A GPU's budget covers all 144 heads of GPT-2 small (46.5 TFLOP, about a
-# second of matmuls at tens of TFLOP/s).
+# Direct copying is exact (every token's diagonal, every row ranked) up to this many FLOP, else
+# sampled to fit it (sample_rows_for). On CPU 0.25 TFLOP, a few seconds: every default model stays
+# exact (2-layer: 8.6 GFLOP of ranks). Beyond it the cost is the vocabulary: GPT-2 small's pass
+# over every token's diagonal alone is 1.4 TFLOP and Llama-3.2-1B's 34 TFLOP, so those average the
+# diagonal over sampled tokens with a standard error. Ranks need whole rows (2 d_vocab d_model FLOP
+# per row and head in the direct form): a few rows on CPU, with Wilson intervals. A GPU's budget
+# ranks thousands of rows of GPT-2 small or Llama-3.2-1B (tens of TFLOP/s).
 EXACT_FLOP_BUDGET = {"cpu": 2.5e11, "cuda": 1e14}
+MIN_DIAGONAL_ROWS = 1024  # sampled diagonal tokens at least: standard errors about std / 32
+MIN_RANK_ROWS = 8  # ranked rows at least, however wide the vocabulary
 COPYING_SCORE_THRESHOLD = 0.5  # eigenvalues "say copying" above it (see compare_copying)
 DIAGONAL_Z_THRESHOLD = 1.0  # the direct measures "say copying" above it (see compare_copying)
 
@@ -112,14 +116,17 @@ class DirectCopying:
     - ``diagonal_mean``: the mean over tokens of ``M[t, t]``;
     - ``diagonal_z``: the mean over tokens of ``(M[t, t] - mean_o M[t, o]) / std_o M[t, o]`` (the
       row's mean and population standard deviation over all ``d_vocab`` entries; 0 for a
-      constant row). Both are always over every token, exactly;
+      constant row). Each token's value is exact; the mean is over every token when
+      ``diagonal_rows`` is None, else over that many tokens drawn at random without replacement,
+      with standard errors ``diagonal_mean_se`` and ``diagonal_z_se`` (finite-population
+      corrected; None when over every token);
     - ``self_rank_median``: the median over the scored rows of the token's 1-based rank in its
       own row, ties counted against it (``1 + #{o != t: M[t, o] >= M[t, t]}``);
     - ``self_top1``: the fraction of scored rows where the token's own logit is the row's strict
       maximum; ``self_top1_ci`` its 95% Wilson interval when the rows are a random sample (drawn
       without replacement, so the binomial interval is conservative), None when every row was
       scored (exact);
-    - ``rows``: how many rows were scored; ``exact``: whether that is all of them.
+    - ``rows``: how many rows were ranked; ``exact``: whether that is all of them.
     """
 
     name: str
@@ -130,6 +137,10 @@ class DirectCopying:
     self_top1_ci: tuple[float, float] | None
     rows: int
     exact: bool
+    # Defaults: a results.json written before the diagonal could be sampled averaged every token.
+    diagonal_rows: int | None = None
+    diagonal_mean_se: float | None = None
+    diagonal_z_se: float | None = None
 
 
 @torch.no_grad()
@@ -139,23 +150,30 @@ def direct_copying(
     device: str | torch.device | None = None,
     generator: torch.Generator | None = None,
     progress: bool = True,
+    diagonal_rows: int | None = None,
 ) -> list[DirectCopying]:
-    """Every head's :class:`DirectCopying`, layer by layer. ``sample_rows=None`` scores every row
+    """Every head's :class:`DirectCopying`, layer by layer. ``sample_rows=None`` ranks every row
     (exact; ``2 d_vocab^2 d_head`` FLOP per head, 46 TFLOP for GPT-2 small: use a GPU,
-    ``device="cuda"``; by default the model's device); an integer scores that many rows drawn
+    ``device="cuda"``; by default the model's device); an integer ranks that many rows drawn
     without replacement (the same rows for every head, from ``generator``), each row exact, with a
-    confidence interval. Rows stream in blocks (a progress bar on stderr unless ``progress=False``);
-    no ``d_vocab x d_vocab`` matrix and no ``[heads, d_vocab, d_head]`` factor is built."""
+    confidence interval. ``diagonal_rows=None`` averages the diagonal over every token (one pass
+    over the vocabulary, ``4 d_vocab d_model d_head`` FLOP per head, shared with the ranks); an
+    integer averages it over that many tokens of the same draw, with standard errors, and the
+    ranked rows are then scored without that pass. Columns stream in blocks (a progress bar on
+    stderr unless ``progress=False``); no ``d_vocab x d_vocab`` matrix and no
+    ``[heads, d_vocab, d_head]`` factor is built."""
     d_vocab = model.cfg.d_vocab
-    if sample_rows is not None and sample_rows < 1:
-        raise QkovError(f"sample_rows must be a positive number of rows, got {sample_rows}")
-    exact = sample_rows is None or sample_rows >= d_vocab
-    if exact:
-        rows = torch.arange(d_vocab, device="cpu")
-    else:
-        rows = torch.randperm(d_vocab, generator=generator, device="cpu")[:sample_rows]
+    for name, count in (("sample_rows", sample_rows), ("diagonal_rows", diagonal_rows)):
+        if count is not None and count < 1:
+            raise QkovError(f"{name} must be a positive number of rows, got {count}")
+    drawn = torch.randperm(d_vocab, generator=generator, device="cpu")
+    rows, diagonal_tokens = (
+        None if count is None or count >= d_vocab else drawn[:count].sort().values
+        for count in (sample_rows, diagonal_rows)
+    )
+    rows = torch.arange(d_vocab, device="cpu") if rows is None else rows
     device = model.device if device is None else torch.device(device)
-    n_heads, found, unembed_gram, rows = model.cfg.n_heads, [], None, rows.sort().values
+    found, unembed_gram = [], None
     with _progress_bar(progress) as shown:
         task = shown.add_task("direct copying", total=d_vocab * model.cfg.n_layers)
         for ov in full_circuits_by_layer(model, "OV"):  # one layer's heads at a time
@@ -163,40 +181,80 @@ def direct_copying(
                 W_U = ov.right.to(device)
                 unembed_gram = W_U @ W_U.mT
             advance = partial(shown.advance, task)
-            found.append(diagonal_and_ranks(ov, rows, device, advance, unembed_gram))
-    diagonal_mean, diagonal_z, ranks = (torch.cat(parts) for parts in zip(*found, strict=True))
+            found.append(diagonal_and_ranks(ov, rows, device, advance, unembed_gram, diagonal_tokens))
+    parts = (torch.cat(part, dim=-1 if i < 2 else 0) for i, part in enumerate(zip(*found, strict=True)))
+    return _direct_rows(*parts, model.cfg, diagonal_tokens)
+
+
+def _direct_rows(
+    diagonal: Float[Tensor, "2 heads"],
+    z: Float[Tensor, "2 heads"],
+    ranks: Int[Tensor, "heads rows"],
+    cfg: Config,
+    diagonal_tokens: Tensor | None,
+) -> list[DirectCopying]:
+    """The typed rows from every head's (mean, standard error) pairs and ranks."""
+    whole, n_heads = ranks.shape[1], cfg.n_heads
+    exact = whole == cfg.d_vocab
     out = []
     for index in range(len(ranks)):
         top1 = int((ranks[index] == 1).sum())
         out.append(
             DirectCopying(
                 name=head_name(*divmod(index, n_heads)),
-                diagonal_mean=float(diagonal_mean[index]),
-                diagonal_z=float(diagonal_z[index]),
+                diagonal_mean=float(diagonal[0, index]),
+                diagonal_z=float(z[0, index]),
                 self_rank_median=float(ranks[index].double().quantile(0.5)),
-                self_top1=top1 / len(rows),
-                self_top1_ci=None if exact else wilson_interval(top1, len(rows)),
-                rows=len(rows),
+                self_top1=top1 / whole,
+                self_top1_ci=None if exact else wilson_interval(top1, whole),
+                rows=whole,
                 exact=exact,
+                diagonal_rows=None if diagonal_tokens is None else len(diagonal_tokens),
+                diagonal_mean_se=None if diagonal_tokens is None else float(diagonal[1, index]),
+                diagonal_z_se=None if diagonal_tokens is None else float(z[1, index]),
             )
         )
     return out
 
 
+class RowPlan(NamedTuple):
+    """How much of the vocabulary :func:`direct_copying` reads: ``diagonal`` tokens for the diagonal
+    statistics and ``ranks`` ranked rows, None meaning every one."""
+
+    diagonal: int | None
+    ranks: int | None
+
+
 def default_direct_copying(model: AttnOnlyTransformer, progress: bool = False) -> list[DirectCopying]:
     """:func:`direct_copying` as ``qkov analyze`` runs it, on the model's device: exact within that
-    device's FLOP budget, else on rows sampled with seed 0 (:func:`sample_rows_for`)."""
-    rows = sample_rows_for(model.cfg, model.device)
-    return direct_copying(model, rows, generator=torch.Generator().manual_seed(0), progress=progress)
+    device's FLOP budget, else on tokens sampled with seed 0 (:func:`sample_rows_for`)."""
+    plan = sample_rows_for(model.cfg, model.device)
+    gen = torch.Generator().manual_seed(0)
+    return direct_copying(model, plan.ranks, generator=gen, progress=progress, diagonal_rows=plan.diagonal)
 
 
-def sample_rows_for(cfg: Config, device: str | torch.device = "cpu") -> int | None:
-    """The ``sample_rows`` that keeps :func:`direct_copying` within ``EXACT_FLOP_BUDGET`` on
-    ``device``: None (every row, exact) when that fits, else as many rows as fit (each row of every
-    head costs ``2 d_vocab d_head`` FLOP)."""
+def sample_rows_for(cfg: Config, device: str | torch.device = "cpu") -> RowPlan:
+    """The :class:`RowPlan` that keeps :func:`direct_copying` within ``EXACT_FLOP_BUDGET`` on
+    ``device``. Every token and row when that fits; else the diagonal over every token (its pass
+    over the vocabulary, ``4 d_model d_head`` FLOP per token and head, also gives the ranks their
+    columns) and as many ranked rows as the rest of the budget pays for (``2 d_vocab d_head``
+    each, per head) when the pass takes at most half; else half the budget to sampled diagonal
+    tokens and half to ranked rows, each row then ``2 d_vocab min(d_model, ...)`` FLOP per head in
+    the cheaper of its two forms (see :func:`diagonal_and_ranks`), with at least
+    ``MIN_DIAGONAL_ROWS`` tokens and ``MIN_RANK_ROWS`` rows."""
     budget = EXACT_FLOP_BUDGET["cpu" if torch.device(device).type == "cpu" else "cuda"]
-    per_row = cfg.n_layers * cfg.n_heads * 2 * cfg.d_vocab * cfg.d_head
-    return None if per_row * cfg.d_vocab <= budget else max(1, int(budget // per_row))
+    heads, V, d_head, d_model = cfg.n_layers * cfg.n_heads, cfg.d_vocab, cfg.d_head, cfg.d_model
+    per_token, per_row = 4 * heads * d_head * d_model, 2 * heads * d_head * V
+    if V * (per_token + per_row) <= budget:
+        return RowPlan(None, None)
+    if V * per_token <= budget / 2:
+        return RowPlan(None, min(V, int((budget - V * per_token) // per_row)))
+    diagonal = min(V, max(MIN_DIAGONAL_ROWS, int(budget / 2 // per_token)))
+    columns = 2 * heads * d_head * d_model * V  # every head's W_O W_U, for the factored form
+    direct = int(budget / 2 // (2 * heads * d_model * V))
+    factored = int((budget / 2 - columns) // per_row)
+    ranks = min(V, max(MIN_RANK_ROWS, direct, factored))
+    return RowPlan(None if diagonal == V else diagonal, None if ranks == V else ranks)
 
 
 def wilson_interval(successes: int, trials: int, z: float = WILSON_Z) -> tuple[float, float]:
@@ -217,60 +275,134 @@ def diagonal_and_ranks(
     device: torch.device,
     advance: Callable[[int], object] = lambda tokens: None,
     unembed_gram: Float[Tensor, "d_model d_model"] | None = None,
-) -> tuple[Float[Tensor, "heads"], Float[Tensor, "heads"], Int[Tensor, "heads rows"]]:
-    """Every head's mean diagonal and mean diagonal z-score (over every token), and the 1-based
-    rank of each of ``rows``' own token in its row (ties against it), in one pass over blocks of
-    tokens for all heads at once.
+    diagonal_tokens: Int[Tensor, "tokens"] | None = None,
+) -> tuple[Float[Tensor, "2 heads"], Float[Tensor, "2 heads"], Int[Tensor, "heads rows"]]:
+    """Every head's mean diagonal and mean diagonal z-score, each with its standard error (0 over
+    every token), and the 1-based rank of each of ``rows``' own token in its row (ties against it).
 
     For a block of tokens ``t``, ``P = W_E[t] W_V`` and ``Q = W_U[:, t]^T W_O^T`` give the diagonal
     ``sum(P * Q)``; the row mean is ``P (W_O mean_o W_U)`` and the row's mean square
     ``P (W_O W_U W_U^T W_O^T / d_vocab) P^T``, with the Gram matrix ``W_U W_U^T`` formed once (so no
-    row is built). The same ``Q`` is the block's columns of every head's ``W_O W_U``: the scored
-    rows' ``W_E[rows] W_V`` times it are their entries in these columns, counted against each
-    row's own entry. Nothing ``d_vocab x d_vocab``, and no head's ``W_O W_U``, is built. ``advance``
-    gets each block's tokens; ``unembed_gram``: ``W_U W_U^T`` on ``device``, if the caller has it."""
-    W_E, W_U, W_V, W_O = _head_factors(ov, device)
-    heads, d_head = W_O.shape[:2]
-    mean_direction = (W_O @ W_U.mean(1))[:, None, :]  # [heads, 1, d_head]
-    gram = W_U @ W_U.mT if unembed_gram is None else unembed_gram
-    second_moment = W_O @ gram @ W_O.mT / ov.n  # [heads, d_head, d_head]
-    # Heads and their d_head coordinates first, tokens last: each block's P and Q come out of one
-    # matmul in the layout every later product and reduction reads contiguously.
-    W_V_t, W_O_t = W_V.flatten(1).mT, W_O.flatten(0, 1)  # [heads * d_head, d_model]
-
-    def factors(tokens: Tensor | slice) -> tuple[Tensor, Tensor]:  # P, Q: [heads, d_head, tokens]
-        P = (W_V_t @ W_E[tokens].mT).unflatten(0, (heads, d_head))
-        return P, (W_O_t @ W_U[:, tokens]).unflatten(0, (heads, d_head))
-
-    rows = rows.to(device)
-    P_rows, Q_rows = factors(rows)
-    own = (P_rows * Q_rows).sum(1)[..., None]  # [heads, rows, 1]: each scored row's own entry
-    P_rows = P_rows.transpose(1, 2).contiguous()  # [heads, rows, d_head]
-    # Counted in floating point, exact below 2^24 columns (in float32 or wider).
-    counts = torch.zeros(heads, len(rows), dtype=torch.promote_types(W_E.dtype, torch.float32), device=device)
-    step = max(1, BLOCK_BYTES // (heads * d_head * W_E.element_size()))
-    block_bytes = BLOCK_BYTES if device.type == "cpu" else DEVICE_BLOCK_BYTES
-    row_step = max(1, block_bytes // (heads * min(step, ov.m) * W_E.element_size()))
-    diagonal_sum = torch.zeros(heads, dtype=torch.float64, device=device)
-    z_sum = torch.zeros(heads, dtype=torch.float64, device=device)
+    row is built). Over every token (``diagonal_tokens=None``) one pass over blocks of columns
+    serves both: the block's ``Q`` are its columns of every head's ``W_O W_U``, and the scored rows'
+    ``W_E[rows] W_V`` times it are their entries there. Over sampled tokens the diagonal reads only
+    those, and the ranks read each column block in the cheaper form: through ``Q`` as above, or,
+    for fewer rows than about ``d_head``, as ``(W_E[rows] W_V W_O) W_U[:, block]``. Nothing
+    ``d_vocab x d_vocab``, and no head's ``W_O W_U``, is built. ``advance`` gets each block's
+    tokens; ``unembed_gram``: ``W_U W_U^T`` on ``device``, if the caller has it."""
+    circuit = _LayerCircuits(ov, device, unembed_gram)
+    diagonal, z = _Moments(circuit.heads, device), _Moments(circuit.heads, device)
+    step = circuit.step
+    if diagonal_tokens is not None:
+        for first in range(0, len(diagonal_tokens), step):
+            circuit.add_diagonal(
+                circuit.factors(diagonal_tokens[first : first + step].to(device)), diagonal, z
+            )
+    ranks = _RankCounter(circuit, rows.to(device), factored=diagonal_tokens is None)
     for start in range(0, ov.m, step):
-        P, Q = factors(slice(start, start + step))  # [heads, d_head, b]
-        diagonal = (P * Q).sum(1)  # [heads, b]
-        mean = (mean_direction @ P)[:, 0]
-        square = ((second_moment @ P) * P).sum(1)  # second_moment is symmetric
+        columns = slice(start, start + step)
+        if diagonal_tokens is None:
+            P, Q = circuit.factors(columns)
+            circuit.add_diagonal((P, Q), diagonal, z)
+            ranks.count(columns, Q)
+        else:
+            ranks.count(columns, None)
+        advance(min(step, ov.m - start))
+    n = ov.m if diagonal_tokens is None else len(diagonal_tokens)
+    return diagonal.summary(n, ov.m), z.summary(n, ov.m), ranks.ranks()
+
+
+class _LayerCircuits:
+    """One layer's heads' full OV circuits ``W_E W_V W_O W_U``, read a block of tokens at a time:
+    heads and their ``d_head`` coordinates first, tokens last, so that each block's ``P`` and ``Q``
+    come out of one matmul in the layout every later product and reduction reads contiguously."""
+
+    def __init__(self, ov: SharedFactoredMatrix, device: torch.device, unembed_gram: Tensor | None) -> None:
+        self.W_E, self.W_U, W_V, self.W_O = _head_factors(ov, device)
+        self.heads, self.d_head = self.W_O.shape[:2]
+        # Tokens per block: a block's P or Q is BLOCK_BYTES.
+        self.step = max(1, BLOCK_BYTES // (self.heads * self.d_head * self.W_E.element_size()))
+        self.mean_direction = (self.W_O @ self.W_U.mean(1))[:, None, :]  # [heads, 1, d_head]
+        gram = self.W_U @ self.W_U.mT if unembed_gram is None else unembed_gram
+        self.second_moment = self.W_O @ gram @ self.W_O.mT / ov.n  # [heads, d_head, d_head]
+        self.W_V_t, self.W_O_t = W_V.flatten(1).mT, self.W_O.flatten(0, 1)  # [heads * d_head, d_model]
+
+    def factors(self, tokens: Tensor | slice) -> tuple[Tensor, Tensor]:
+        """``P`` and ``Q`` of these tokens, each ``[heads, d_head, tokens]``."""
+        P = (self.W_V_t @ self.W_E[tokens].mT).unflatten(0, (self.heads, self.d_head))
+        return P, self.columns(tokens)
+
+    def columns(self, tokens: Tensor | slice) -> Tensor:
+        """These tokens' columns of every head's ``W_O W_U``, as ``[heads, d_head, tokens]``."""
+        return (self.W_O_t @ self.W_U[:, tokens]).unflatten(0, (self.heads, self.d_head))
+
+    def add_diagonal(self, PQ: tuple[Tensor, Tensor], diagonal: _Moments, z: _Moments) -> None:
+        """The block's diagonal entries and their z-scores within their rows, into the sums."""
+        P, Q = PQ
+        entries = (P * Q).sum(1)  # [heads, b]
+        mean = (self.mean_direction @ P)[:, 0]
+        square = ((self.second_moment @ P) * P).sum(1)  # second_moment is symmetric
         std = (square - mean.square()).clamp_min(0).sqrt()
-        z = torch.where(std > 0, (diagonal - mean) / torch.where(std > 0, std, 1), 0)
-        diagonal_sum += diagonal.sum(1, dtype=torch.float64)
-        z_sum += z.sum(1, dtype=torch.float64)
-        for first in range(0, len(rows), row_step):
-            scored = slice(first, first + row_step)
-            entries = P_rows[:, scored] @ Q  # [heads, rows, b]
-            local = rows[scored] - start  # a row's own column, when it is in this block
-            inside = ((local >= 0) & (local < Q.shape[-1])).nonzero()[:, 0]
+        diagonal.add(entries)
+        z.add(torch.where(std > 0, (entries - mean) / torch.where(std > 0, std, 1), 0))
+
+
+class _Moments:
+    """Per-head running sums of a statistic and of its square, in float64."""
+
+    def __init__(self, heads: int, device: torch.device) -> None:
+        self.sum = torch.zeros(heads, dtype=torch.float64, device=device)
+        self.square = torch.zeros(heads, dtype=torch.float64, device=device)
+
+    def add(self, values: Float[Tensor, "heads b"]) -> None:
+        values = values.double()
+        self.sum += values.sum(1)
+        self.square += values.square().sum(1)
+
+    def summary(self, n: int, population: int) -> Float[Tensor, "2 heads"]:
+        """The mean of ``n`` values drawn without replacement from ``population``, and its standard
+        error: the sample variance over ``n``, times the finite-population correction (0 when
+        ``n == population``)."""
+        mean = self.sum / n
+        variance = ((self.square - n * mean.square()) / max(n - 1, 1)).clamp_min(0)
+        return torch.stack([mean, (variance / n * (1 - n / population)).sqrt()]).cpu()
+
+
+class _RankCounter:
+    """How many entries of each scored row are at least its own, over column blocks: through each
+    block's ``Q`` (``factored``), or as ``(P_rows W_O) W_U[:, block]`` when that is cheaper."""
+
+    def __init__(self, circuit: _LayerCircuits, rows: Tensor, factored: bool) -> None:
+        self.circuit, self.rows = circuit, rows
+        P_rows, Q_rows = circuit.factors(rows)
+        self.own = (P_rows * Q_rows).sum(1)[..., None]  # [heads, rows, 1]: each row's own entry
+        P_rows = P_rows.transpose(1, 2).contiguous()  # [heads, rows, d_head]
+        d_model, r = circuit.W_E.shape[1], len(rows)
+        self.factored = factored or r * d_model >= circuit.d_head * (d_model + r)
+        self.left = P_rows if self.factored else P_rows @ circuit.W_O  # [heads, rows, d_head | d_model]
+        # Counted in floating point, exact below 2^24 columns (in float32 or wider).
+        dtype = torch.promote_types(circuit.W_E.dtype, torch.float32)
+        self.counts = torch.zeros(circuit.heads, r, dtype=dtype, device=rows.device)
+        block_bytes = BLOCK_BYTES if rows.device.type == "cpu" else DEVICE_BLOCK_BYTES
+        width = min(circuit.step, circuit.W_E.shape[0])  # the column blocks' width
+        self.row_step = max(1, block_bytes // (circuit.heads * width * circuit.W_E.element_size()))
+
+    def count(self, columns: slice, Q: Tensor | None) -> None:
+        """Count this block of columns; ``Q`` its columns of ``W_O W_U`` when already made."""
+        if self.factored:
+            right = self.circuit.columns(columns) if Q is None else Q  # [heads, d_head, b]
+        else:
+            right = self.circuit.W_U[:, columns]  # [d_model, b], the same for every head
+        for first in range(0, len(self.rows), self.row_step):
+            scored = slice(first, first + self.row_step)
+            entries = self.left[:, scored] @ right  # [heads, rows, b]
+            local = self.rows[scored] - columns.start  # a row's own column, when in this block
+            inside = ((local >= 0) & (local < entries.shape[-1])).nonzero()[:, 0]
             entries[:, inside, local[inside]] = -torch.inf  # the own entry is not counted against itself
-            counts[:, scored] += entries.ge_(own[:, scored]).sum(-1, dtype=counts.dtype)  # no bool copy
-        advance(Q.shape[-1])
-    return (diagonal_sum / ov.m).cpu(), (z_sum / ov.m).cpu(), (counts.long() + 1).cpu()
+            self.counts[:, scored] += entries.ge_(self.own[:, scored]).sum(-1, dtype=self.counts.dtype)
+
+    def ranks(self) -> Int[Tensor, "heads rows"]:
+        return (self.counts.long() + 1).cpu()
 
 
 def _head_factors(ov: SharedFactoredMatrix, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -60,23 +60,32 @@ def copying_direct_section(r: Results) -> str:
             "" if d.self_top1_ci is None else " [{:.3f}, {:.3f}]".format(*d.self_top1_ci)
         )
 
-    header = ["head", "diagonal mean", "diagonal z", "median self rank", "self is top logit", "rows scored"]
+    def mean(value: float, se: float | None) -> float | str:
+        return value if se is None else f"{value:.3f} ± {se:.3f}"
+
+    header = ["head", "diagonal mean", "diagonal z", "median self rank", "self is top logit", "rows ranked"]
     cells = [
         [
             d.name,
-            d.diagonal_mean,
-            d.diagonal_z,
+            mean(d.diagonal_mean, d.diagonal_mean_se),
+            mean(d.diagonal_z, d.diagonal_z_se),
             d.self_rank_median,
             top1(d),
             f"{d.rows}{'' if d.exact else ' (sample)'}",
         ]
         for d in rows
     ]
+    first = rows[0]
     sampled = (
         ""
-        if rows[0].exact
-        else f" The rank and top-logit columns come from {rows[0].rows} rows drawn at random, each exact, "
+        if first.exact
+        else f" The rank and top-logit columns come from {first.rows} rows drawn at random, each exact, "
         "with 95% Wilson intervals."
+    ) + (
+        ""
+        if first.diagonal_rows is None
+        else f" The diagonal columns are means over {first.diagonal_rows} tokens drawn at random, each "
+        "exact, ± one standard error."
     )
     return (
         "<h3>Direct copying measures</h3>"
