@@ -12,6 +12,7 @@ import torch
 import qkov
 from qkov.circuits.composition import random_composition_scores
 from qkov.circuits.heads import induction_scores
+from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
 
 from conftest import random_model
@@ -190,3 +191,38 @@ def test_writers_in_groups_give_the_scores_of_all_at_once():
             atol=1e-14,
         )
     assert torch.isnan(whole["K"][4]).all() and not torch.isnan(whole["K"][3, :, 4]).any()
+
+
+def test_repeated_heads_finds_the_runs_of_equal_heads():
+    from qkov.circuits.composition import repeated_heads
+
+    distinct = torch.randn(8, 3, 2, dtype=torch.float64)
+    assert repeated_heads(distinct) == 1
+    assert repeated_heads(distinct[::4].repeat_interleave(4, 0)) == 4
+    assert repeated_heads(distinct[:1].expand(8, 3, 2)) == 8
+    assert repeated_heads(distinct[::2].repeat(2, 1, 1)) == 1  # equal heads, but not in runs
+    nearly = distinct[::2].repeat_interleave(2, 0).clone()
+    nearly[5, 0, 0] = torch.nextafter(nearly[5, 0, 0], torch.tensor(math.inf, dtype=torch.float64))  # one ulp
+    assert repeated_heads(nearly) == 1
+
+
+def test_grouped_query_attention_shares_its_products_and_keeps_every_pairs_positivity():
+    """Grouped-query attention with rotary positions, in its circuit view: each key and value head
+    repeated over its group of 2 query heads. The positivity made once per group is every pair's
+    dense token-level term's, in float64."""
+    from qkov.circuits.composition import repeated_heads
+
+    cfg = qkov.Config(
+        n_layers=3, n_heads=4, d_model=24, d_head=6, d_vocab=31, n_ctx=8, positional_embedding="rotary",
+        n_key_value_heads=2, normalization="RMS",
+    )  # fmt: skip
+    model = random_model(cfg, seed=3).double()
+    view = circuit_model(model)
+    assert repeated_heads(view.blocks[1].attn.W_K) == repeated_heads(view.blocks[0].attn.W_V) == 2
+    positivity = qkov.k_composition_positivity(model)
+    for l1, h1, l2, h2 in itertools.product(range(3), range(4), range(3), range(4)):
+        if l1 < l2:
+            fm = qkov.k_composition_circuit(model, f"L{l1}H{h1}", f"L{l2}H{h2}")
+            eig = torch.linalg.eigvals(fm.AB.detach())
+            expected = float(eig.real.sum() / eig.abs().sum())
+            assert float(positivity[l1, h1, l2, h2]) == pytest.approx(expected, rel=1e-7, abs=1e-9)

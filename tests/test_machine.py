@@ -3,6 +3,10 @@ the time estimate ``qkov reproduce`` prints."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -55,3 +59,41 @@ def test_a_device_that_is_not_here_is_one_line():
     if not torch.cuda.is_available():
         with pytest.raises(QkovError, match="no CUDA device is available here"):
             compute_device("cuda:0")
+
+
+FREED_BLOCKS = textwrap.dedent(
+    """
+    import ctypes, sys, torch
+    from qkov.machine import return_freed_blocks
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+            "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    if sys.argv[1] == "set":
+        assert return_freed_blocks()
+    freed = torch.ones(2**22)  # 16 MiB, freed: glibc's default threshold rises to it
+    del freed
+    mapped = libc.mallinfo2().hblkhd
+    block = torch.ones(2**19)  # 2 MiB
+    print(libc.mallinfo2().hblkhd - mapped)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_freed_blocks_are_mapped_apart_once_asked():
+    """After a 16 MiB block is freed, glibc serves a 2 MiB block from its heap (where it stays when
+    freed); once :func:`return_freed_blocks` has fixed the threshold, it maps it apart."""
+
+    def mapped(mode: str) -> int:
+        run = subprocess.run(
+            [sys.executable, "-c", FREED_BLOCKS, mode], capture_output=True, text=True, check=True
+        )
+        return int(run.stdout)
+
+    assert mapped("default") == 0
+    assert mapped("set") >= 2**21

@@ -244,21 +244,24 @@ def k_composition_positivity(
 
 def _positivity_writer_group(model: AttnOnlyTransformer, gram: Tensor, writers: range, out: Tensor) -> None:
     """Fill ``out`` for every writer in the layers ``writers`` and every reader after it, in one pass
-    over the layers from the group's first (see :func:`k_composition_positivity`)."""
+    over the layers from the group's first (see :func:`k_composition_positivity`). Under
+    grouped-query attention the circuit view repeats each key and value head over its group: the
+    products with ``W_V1`` and ``W_K2`` are then made once per group (``group`` equal heads) and
+    repeated, a quarter of the work at Llama 3's 4 query heads per key head."""
     cfg = model.cfg
-    # every writer's W_V^T and W_O as [layer_from, (head_from d_head), d_model]
-    values_in = model.W_E.new_empty(len(writers), cfg.n_heads * cfg.d_head, cfg.d_model)
-    keys_out = torch.empty_like(values_in)
+    # each writer layer's W_V^T (one per group of equal heads) and W_O, as [(head d_head), d_model]
+    values_in, keys_out, value_groups = [], [], []
     readers = "head_to d_model d_head_to -> d_model (head_to d_head_to)"
     for layer in range(writers.start, cfg.n_layers):
         attn = model.blocks[layer].attn
         held = min(layer, writers.stop) - writers.start  # the group's writers before this layer
         if held:
             queries = rearrange(gram @ attn.W_Q.double(), readers)  # W_E^T W_E W_Q2
-            keys_to = rearrange(attn.W_K.double(), readers)
+            key_group = repeated_heads(attn.W_K)
+            keys_to = rearrange(attn.W_K[::key_group].double(), readers)
         for i in range(held):  # one writer layer at a time: what is built does not grow with depth
-            values = values_in[i].double() @ queries  # blocks W_V1^T G W_Q2
-            keys = keys_out[i].double() @ keys_to  # blocks W_O1 W_K2
+            values = _repeat_heads(values_in[i].double() @ queries, value_groups[i], cfg.d_head, 0)
+            keys = _repeat_heads(keys_out[i].double() @ keys_to, key_group, cfg.d_head, 1)  # W_O1 W_K2
             keys_blocks, values_blocks = (
                 rearrange(x, PAIR_BLOCKS, layer_from=1, head_from=cfg.n_heads, head_to=cfg.n_heads)
                 for x in (keys, values)
@@ -267,8 +270,31 @@ def _positivity_writer_group(model: AttnOnlyTransformer, gram: Tensor, writers: 
             scores = eigenvalue_positivity(_eigvals(small))
             out[writers.start + i, :, layer] = scores.reshape(cfg.n_heads, cfg.n_heads)
         if layer in writers:
-            values_in[held] = rearrange(attn.W_V, "n_heads d_model d_head -> (n_heads d_head) d_model")
-            keys_out[held] = rearrange(attn.W_O, "n_heads d_head d_model -> (n_heads d_head) d_model")
+            value_groups.append(repeated_heads(attn.W_V))
+            W_V = attn.W_V[:: value_groups[-1]]
+            values_in.append(
+                rearrange(W_V, "n_heads d_model d_head -> (n_heads d_head) d_model").contiguous()
+            )
+            keys_out.append(rearrange(attn.W_O, "n_heads d_head d_model -> (n_heads d_head) d_model").clone())
+
+
+def repeated_heads(W: Float[Tensor, "n_heads ..."]) -> int:
+    """The largest ``g`` such that the heads come in runs of ``g`` equal matrices (a circuit view's
+    key or value heads under grouped-query attention, each repeated over its group); 1 if none."""
+    n = W.shape[0]
+    for g in sorted((g for g in range(2, n + 1) if n % g == 0), reverse=True):
+        runs = W.unflatten(0, (n // g, g))
+        if torch.equal(runs, runs[:, :1].expand_as(runs)):
+            return g
+    return 1
+
+
+def _repeat_heads(x: Tensor, group: int, d_head: int, dim: int) -> Tensor:
+    """``x`` with each head's ``d_head`` rows (``dim=0``) or columns (``dim=1``) repeated ``group``
+    times: a product made once per group of equal heads, for every head of the group."""
+    if group == 1:
+        return x
+    return x.unflatten(dim, (-1, d_head)).repeat_interleave(group, dim).flatten(dim, dim + 1)
 
 
 def _eigvals(matrices: Float[Tensor, "batch k k"]) -> Complex[Tensor, "batch k"]:

@@ -108,7 +108,7 @@ def analyze_command(args: argparse.Namespace) -> None:
     from qkov.interop import open_model as load
     from qkov.interop.lazy import reads_lazily
     from qkov.io import atomic_write_text, check_writable_folder
-    from qkov.machine import compute_device
+    from qkov.machine import compute_device, return_freed_blocks
     from qkov.report import render_report
     from qkov.results import write_results
     from qkov.training_log import read_training_log
@@ -116,6 +116,8 @@ def analyze_command(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     out = check_writable_folder(args.out if args.out else default_analysis_folder(args.checkpoint, folder))
     lazy = args.weights_only and reads_lazily(folder)  # no forward pass: one layer in memory at a time
+    if lazy:
+        return_freed_blocks()  # each layer's temporaries go back to the system, not to glibc's heap
     model = checked_weights(load(folder, lazy=lazy), args.checkpoint).to(compute_device(args.device))
     if lazy:
         console.print("weights read layer by layer from the mapped files (--weights-only)", highlight=False)

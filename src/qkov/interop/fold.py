@@ -240,10 +240,9 @@ def circuit_view(model: Transformer, offsets: range = ANALYSIS_OFFSETS) -> Trans
     - norms after a sublayer: their gain in ``W_O`` and ``b_O`` (``W_out``, ``b_out``);
     - grouped-query attention: ``W_K``, ``W_V`` repeated for every query head of a group.
     """
+    # The tensors are read, not copied: model_from_tensors copies them into the view's own.
     state = {
-        name: param.detach().clone()
-        for name, param in model.named_parameters()
-        if not name.startswith("blocks.")
+        name: param.detach() for name, param in model.named_parameters() if not name.startswith("blocks.")
     }
     for layer, block in enumerate(model.blocks):
         state |= view_layer(model.cfg, layer, block, offsets)
@@ -265,10 +264,11 @@ def view_config(cfg: Config) -> Config:
 
 def view_layer(cfg: Config, layer: int, block, offsets: range = ANALYSIS_OFFSETS) -> dict[str, Tensor]:
     """One folded block's tensors in :func:`circuit_view`, by their names in the view (a lazy
-    model views each layer as it reads it, by this same code)."""
+    model views each layer as it reads it, by this same code). The block's tensors that the view
+    keeps as they are are shared, not copied: the caller builds from them and drops the block."""
     prefix, skipped = f"blocks.{layer}.", ("_post.", "q_norm.", "k_norm.", "._W_", "._b_")
     state = {
-        prefix + name: param.detach().clone()
+        prefix + name: param.detach()
         for name, param in block.named_parameters()
         if not any(part in "." + name for part in skipped)
     }
