@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import qkov
 from qkov.distributed import Processes, torchrun_command
 from qkov.schedule import TrainConfig
 from test_train import TINY, load_state_step, qkov_cli, tiny_run
@@ -109,3 +110,63 @@ def test_torchrun_runs_qkov_as_a_module():
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "4"
     assert command[-7:] == ["-m", "qkov", "train", "--layers", "2", "--out", "x"]
+
+
+SPLIT_STEPS = "spectra,copying,copying_direct"
+
+
+@pytest.mark.slow
+def test_two_processes_analyse_a_share_of_the_layers_each_and_give_one_process_results(tmp_path):
+    """``qkov analyze --weights-only --nproc 2``: each process reads every other layer for spectra and
+    eigenvalue and direct copying, and the results are those of one process, number for number
+    (each layer's computation is the same wherever it runs, on one thread each)."""
+    from conftest import random_model
+
+    cfg = qkov.Config(n_layers=5, n_heads=3, d_model=24, d_head=8, d_vocab=70, n_ctx=16, normalization="RMS")
+    qkov.save(random_model(cfg, seed=4), tmp_path / "model")
+    common = ["analyze", str(tmp_path / "model"), "--weights-only", "--steps", SPLIT_STEPS, "--quiet"]
+    one = qkov_cli(*common, "--threads", "1", "--out", str(tmp_path / "one"))
+    two = qkov_cli(*common, "--nproc", "2", "--out", str(tmp_path / "two"))
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    ours, theirs = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "two"))
+    for step in ("spectra", "copying", "copying_direct"):
+        assert ours[step] is not None and ours[step] == theirs[step], step
+    assert len(ours["spectra"]["OV"]) == 15
+
+
+def test_the_layers_are_shared_round_the_processes():
+    from qkov.distributed import layer_share
+
+    shares = [list(layer_share(5, Processes(rank, 2))) for rank in range(2)]
+    assert shares == [[0, 2, 4], [1, 3]]
+    assert list(layer_share(3, Processes())) == [0, 1, 2]
+    assert Processes().gather_layers({0: "a", 1: "b"}, 2) == ["a", "b"]
+
+
+def test_nproc_needs_weights_only_and_a_positive_count(tmp_path):
+    for extra, message in (
+        (["--nproc", "2"], "use it with --weights-only"),
+        (["--nproc", "0"], "at least 1"),
+    ):
+        result = qkov_cli("analyze", str(tmp_path), *extra)
+        assert result.returncode == 2 and message in result.stderr
+
+
+def test_each_process_reads_and_computes_only_its_layers(monkeypatch):
+    """Rank 1 of 2 computes layers 1 and 3 of 5, and asks the group for the others."""
+    from qkov.circuits import qk_ov
+
+    from conftest import random_model
+
+    asked = []
+
+    class Second(Processes):
+        def gather_layers(self, own, n_layers):
+            asked.append(sorted(own))
+            return [own.get(layer) for layer in range(n_layers)]
+
+    monkeypatch.setattr(qk_ov, "current_processes", lambda: Second(rank=1, world_size=2))
+    cfg = qkov.Config(n_layers=5, n_heads=2, d_model=16, d_head=4, d_vocab=20, n_ctx=8)
+    got = qk_ov.map_layers(random_model(cfg), "OV", lambda layer, full: (layer, full.shape))
+    assert asked == [[1, 3]]
+    assert got == [None, (1, (1, 2, 20, 20)), None, (3, (1, 2, 20, 20)), None]

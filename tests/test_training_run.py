@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 import qkov
 from qkov.cli import main
+from qkov.distributed import default_threads
 from qkov.recipes import recipe
 from qkov.reproduce import quick_recipe
 from qkov.schedule import TrainConfig
@@ -20,7 +21,6 @@ from qkov.training_run import (
     TRAIN_FLAGS,
     TrainingRun,
     check_resume_settings,
-    default_threads,
     settings_of,
     train,
 )

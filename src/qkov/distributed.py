@@ -1,6 +1,7 @@
-"""Training on several processes with PyTorch's own engine: ``torch.distributed`` and
-DistributedDataParallel, launched by ``torchrun`` (or by ``qkov train --nproc N``, which runs
-torchrun for the user).
+"""Training and weight-side analysis on several processes with PyTorch's own engine:
+``torch.distributed`` (and DistributedDataParallel for training), launched by ``torchrun`` (or by
+``qkov train --nproc N`` and ``qkov analyze --weights-only --nproc N``, which run torchrun for the
+user).
 
 torchrun starts one process per device and tells each its place through the environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``).
@@ -8,20 +9,29 @@ The processes join one group, over NCCL between GPUs or gloo between CPU process
 holds the whole model; each computes the gradient of its own slice of every step's global batch,
 and DDP averages the gradients across the group during the backward pass, so every process takes
 the same optimizer step. Rank 0 alone evaluates and writes.
+
+The analyses that pass over the layers one at a time (spectra, eigenvalue and direct copying) give
+each process every ``world_size``-th layer from its rank (:func:`layer_share`) and gather every
+layer's result in every process (:meth:`Processes.gather_layers`), so that each process ends with
+the results of one process alone.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from qkov.errors import QkovError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -45,11 +55,27 @@ class Processes:
         if self.distributed:
             dist.barrier()
 
+    def gather_layers(self, own: dict[int, T], n_layers: int) -> list[T]:
+        """Every layer's result in layer order, from each process's ``own`` (its :func:`layer_share`'s
+        results by layer) sent to all (``all_gather_object``: pickled between these processes only,
+        never read from a file)."""
+        shares = [own]
+        if self.distributed:
+            shares = [{} for _ in range(self.world_size)]
+            dist.all_gather_object(shares, own)
+        merged = {layer: found for share in shares for layer, found in share.items()}
+        return [merged[layer] for layer in range(n_layers)]
+
     def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` summed over every process (``values`` itself when alone)."""
         if self.distributed:
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return values
+
+
+def layer_share(n_layers: int, processes: Processes) -> range:
+    """The layers this process analyses: every ``world_size``-th from its rank (all of them alone)."""
+    return range(processes.rank, n_layers, processes.world_size)
 
 
 def launched_by_torchrun() -> bool:
@@ -100,3 +126,23 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
         "--nproc-per-node", str(nproc), "-m", "qkov", *argv,
     ]  # fmt: skip
+
+
+def run_workers(nproc: int, argv: list[str]) -> tuple[int, bool]:
+    """Run ``qkov`` with ``argv`` in ``nproc`` processes under torchrun and wait for them, each with
+    this process's torch threads (torchrun's own default is 1): the exit status, and whether Ctrl-C
+    came (it reaches every worker too: they share the terminal's process group)."""
+    interrupted = False
+    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
+    worker = subprocess.Popen(torchrun_command(nproc, argv), env=os.environ | threads)
+    while worker.poll() is None:
+        try:
+            worker.wait()
+        except KeyboardInterrupt:
+            interrupted = True
+    return worker.returncode, interrupted
+
+
+def default_threads(nproc: int) -> int:
+    """CPU threads per process: this machine's cores shared among its processes."""
+    return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", nproc)))

@@ -97,4 +97,3 @@ def return_freed_blocks() -> bool:
         return bool(libc.mallopt(M_MMAP_THRESHOLD, FREED_BLOCK_BYTES))
     except (OSError, AttributeError):  # no libc by that name, or one without mallopt (musl)
         return False
-

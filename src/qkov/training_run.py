@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +26,7 @@ from qkov.checkpoint import WEIGHTS_FILE, load_config, load_tokenizer
 from qkov.config import Config
 from qkov.data.shards import TokenShards, sampled_tokenizer, sharded_tokens
 from qkov.data.sources import TEXT_FIELD, CorpusFiles
-from qkov.distributed import launched_by_torchrun, process_group, torchrun_command
+from qkov.distributed import launched_by_torchrun, process_group, run_workers
 from qkov.errors import QkovError
 from qkov.io import check_writable_folder
 from qkov.machine import compute_device
@@ -103,11 +101,6 @@ def settings_of(r: Recipe) -> dict[str, Any]:
     trains exactly that recipe, and a resumed run must agree with all of them."""
     model = {("vocab_size" if k == "d_vocab" else k): v for k, v in dataclasses.asdict(r.model).items()}
     return model | dataclasses.asdict(r.train)
-
-
-def default_threads(nproc: int) -> int:
-    """CPU threads per process: this machine's cores shared among its processes."""
-    return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", nproc)))
 
 
 @dataclass(frozen=True)
@@ -203,18 +196,11 @@ def train(run: TrainingRun, show_progress: bool = True) -> AttnOnlyTransformer |
 def launch_workers(run: TrainingRun) -> None:
     """Run the command in ``nproc`` processes under torchrun and wait for them. Ctrl-C reaches
     every worker (they share the terminal's process group); each stops after rank 0's checkpoint."""
-    interrupted = False
-    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # torchrun's own default is 1
-    worker = subprocess.Popen(torchrun_command(run.nproc, list(run.argv)), env=os.environ | threads)
-    while worker.poll() is None:
-        try:
-            worker.wait()
-        except KeyboardInterrupt:
-            interrupted = True
-    if interrupted or worker.returncode == 130:
+    status, interrupted = run_workers(run.nproc, list(run.argv))
+    if interrupted or status == 130:
         raise TrainingInterrupted(saved_step(run.out / STATE_FILE))
-    if worker.returncode:
-        raise QkovError(f"training processes failed (torchrun exit status {worker.returncode}); see above")
+    if status:
+        raise QkovError(f"training processes failed (torchrun exit status {status}); see above")
 
 
 def saved_step(file: Path) -> int:

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import Tensor
 
-from qkov.circuits.qk_ov import full_circuits_by_layer
+from qkov.circuits.qk_ov import map_layers
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.linalg import BLOCK_BYTES, FactoredMatrix, SharedFactoredMatrix, eigenvalue_positivity
@@ -173,15 +173,20 @@ def direct_copying(
     )
     rows = torch.arange(d_vocab, device="cpu") if rows is None else rows
     device = model.device if device is None else torch.device(device)
-    found, unembed_gram = [], None
+    unembed_gram = []  # W_U W_U^T, once for every layer
+
+    def one_layer(layer: int, ov: SharedFactoredMatrix) -> tuple[Tensor, Tensor, Tensor]:
+        if not unembed_gram:
+            W_U = ov.right.to(device)
+            unembed_gram.append(W_U @ W_U.mT)
+        advance = partial(shown.advance, task)
+        return diagonal_and_ranks(ov, rows, device, advance, unembed_gram[0], diagonal_tokens)
+
     with _progress_bar(progress) as shown:
         task = shown.add_task("direct copying", total=d_vocab * model.cfg.n_layers)
-        for ov in full_circuits_by_layer(model, "OV"):  # one layer's heads at a time
-            if unembed_gram is None:  # W_U W_U^T once for every layer
-                W_U = ov.right.to(device)
-                unembed_gram = W_U @ W_U.mT
-            advance = partial(shown.advance, task)
-            found.append(diagonal_and_ranks(ov, rows, device, advance, unembed_gram, diagonal_tokens))
+        found = map_layers(
+            model, "OV", one_layer
+        )  # one layer's heads at a time; a share of them under torchrun
     parts = (torch.cat(part, dim=-1 if i < 2 else 0) for i, part in enumerate(zip(*found, strict=True)))
     return _direct_rows(*parts, model.cfg, diagonal_tokens)
 
@@ -454,12 +459,11 @@ def copying_analysis(model: AttnOnlyTransformer, baseline_samples: int = 200) ->
     """Every head's copying score, from float64 eigenvalues of the ``d_head x d_head`` reordering
     of its full OV circuit (nothing ``d_vocab x d_vocab`` is built), against the scores of
     ``baseline_samples`` random Gaussian factors of the first head's shapes (seed 0)."""
-    by_layer, baseline = [], None
-    for ov in full_circuits_by_layer(model, "OV"):  # each layer's weights read in turn, not kept
-        by_layer.append(ov.eigenvalues(torch.float64).cpu())
-        if baseline is None:
-            first = ov[0, 0].factored()
-            baseline = random_copying_scores(first, baseline_samples, torch.Generator().manual_seed(0))
+    # each layer's weights read in turn, not kept; under torchrun, each process's share of the layers
+    by_layer = map_layers(model, "OV", lambda layer, ov: ov.eigenvalues(torch.float64).cpu())
+    shapes = (model.cfg.d_vocab, model.cfg.d_head), (model.cfg.d_head, model.cfg.d_out)
+    first = FactoredMatrix(*(torch.empty(shape, device="meta") for shape in shapes))  # its shapes alone
+    baseline = random_copying_scores(first, baseline_samples, torch.Generator().manual_seed(0))
     eigenvalues = torch.cat(by_layer)
     scores = eigenvalue_positivity(eigenvalues)
     threshold = float(baseline.quantile(0.99))

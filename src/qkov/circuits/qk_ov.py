@@ -27,19 +27,23 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
-from typing import Literal, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Literal, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from qkov.distributed import current as current_processes
+from qkov.distributed import layer_share
 from qkov.errors import QkovError
 from qkov.interop.fold import ANALYSIS_OFFSETS, circuit_model
 from qkov.linalg import FactoredMatrix, SharedFactoredMatrix
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name
+
+T = TypeVar("T")
 
 
 def stacked_weights(model: AttnOnlyTransformer, name: str, layers: Sequence[int] | None = None) -> Tensor:
@@ -114,18 +118,40 @@ def _full(
 
 
 def full_circuits_by_layer(
-    model: AttnOnlyTransformer, circuit: Literal["OV", "QK"], offset: int | range | None = None
+    model: AttnOnlyTransformer,
+    circuit: Literal["OV", "QK"],
+    offset: int | range | None = None,
+    layers: Iterable[int] | None = None,
 ) -> Iterator[SharedFactoredMatrix]:
     """Each layer's full OV or QK circuits in turn (``[1, n_heads, d_vocab, d_vocab]``, kept shared
     as :func:`shared_full_ov_circuit` keeps them), the roots of ``W_E`` and ``W_U`` computed once for
     all: a pass that holds one layer's heads at a time, so that a model read layer by layer
-    (:mod:`qkov.interop.lazy`) is analysed in memory that does not grow with its depth."""
+    (:mod:`qkov.interop.lazy`) is analysed in memory that does not grow with its depth. ``layers``:
+    those to read (default: every one)."""
     view = circuit_model(model, offsets_of(offset))
     first = None
-    for layer in range(view.cfg.n_layers):
+    for layer in range(view.cfg.n_layers) if layers is None else layers:
         full = _full(view, circuit, [layer])
         first = full if first is None else first
         yield full.share_outer(first)
+
+
+def map_layers(
+    model: AttnOnlyTransformer,
+    circuit: Literal["OV", "QK"],
+    compute: Callable[[int, SharedFactoredMatrix], T],
+) -> list[T]:
+    """``compute(layer, full)`` for every layer's full circuits (:func:`full_circuits_by_layer`), in
+    layer order. Under torchrun each process computes its share of the layers
+    (:func:`qkov.distributed.layer_share`) and receives the others' (the results are those of one
+    process: each layer's computation is the same wherever it runs)."""
+    processes, n_layers = current_processes(), model.cfg.n_layers
+    share = layer_share(n_layers, processes)
+    own = {
+        layer: compute(layer, full)
+        for layer, full in zip(share, full_circuits_by_layer(model, circuit, layers=share), strict=True)
+    }
+    return processes.gather_layers(own, n_layers)
 
 
 def full_ov_circuit(model: AttnOnlyTransformer) -> FactoredMatrix:

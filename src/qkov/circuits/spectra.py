@@ -18,9 +18,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from qkov.circuits.qk_ov import full_circuits_by_layer
+from qkov.circuits.qk_ov import map_layers
 from qkov.errors import QkovError
-from qkov.linalg import numerical_rank
+from qkov.linalg import SharedFactoredMatrix, numerical_rank
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name
 
@@ -65,13 +65,13 @@ def head_spectra(
         raise QkovError(f"circuit must be 'OV' or 'QK', got {circuit!r}")
     if k < 1:
         raise QkovError(f"k must be at least 1, got {k}")
-    found = []
-    for layer, full in enumerate(full_circuits_by_layer(model, circuit)):  # one layer held at a time
+
+    def one_layer(layer: int, full: SharedFactoredMatrix) -> list[HeadSpectrum]:
         S = full.singular_values()[0]
         ranks = numerical_rank(S, full.m, full.n).tolist()
         norms = S.square().sum(-1).sqrt().tolist()  # the norm is exact from the same core
         effective = effective_rank(S.double()).tolist()
-        found += [
+        return [
             HeadSpectrum(
                 name=head_name(layer, head),
                 layer=layer,
@@ -82,7 +82,9 @@ def head_spectra(
             )
             for head in range(len(S))
         ]
-    return found
+
+    # one layer held at a time; under torchrun, each process's share of the layers
+    return [row for rows in map_layers(model, circuit, one_layer) for row in rows]
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from qkov.cli.common import (
 from qkov.errors import QkovError
 
 if TYPE_CHECKING:
+    from qkov.distributed import Processes
     from qkov.results import Results
 
 
@@ -62,6 +63,13 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         help="run only these steps (and the steps whose results they read, said in the output); "
         "results.json and the report say which ran",
     )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="with --weights-only: processes on this machine (launches torchrun), each analysing a share "
+        "of the layers for spectra and eigenvalue and direct copying; the results are one process's",
+    )
 
 
 def step_names(text: str) -> list[str]:
@@ -97,44 +105,70 @@ def add_user_data_arguments(p: argparse.ArgumentParser, use: str) -> None:
 
 
 def analyze_command(args: argparse.Namespace) -> None:
+    if args.nproc < 1:
+        raise QkovError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.nproc > 1 and not args.weights_only:
+        raise QkovError("--nproc splits the steps that read the weights alone: use it with --weights-only")
     if args.steps is not None or args.weights_only:  # a choice that cannot run is told first
         from qkov.analyze import check_selection
 
         check_selection(args.steps, args.weights_only, bool(args.corpus), args.tokens is not None)
     folder = checked_checkpoint(args.checkpoint)  # a mistyped path is told before torch loads
+    from qkov.distributed import default_threads, launched_by_torchrun, process_group, run_workers
+    from qkov.io import atomic_write_text, check_writable_folder
+    from qkov.machine import compute_device
+    from qkov.report import render_report
+    from qkov.results import write_results
+
+    set_threads(args.threads, default_threads(args.nproc))
+    out = check_writable_folder(args.out if args.out else default_analysis_folder(args.checkpoint, folder))
+    if args.nproc > 1 and not launched_by_torchrun():
+        status, interrupted = run_workers(args.nproc, args.argv)
+        if interrupted:
+            raise KeyboardInterrupt
+        if status:
+            raise QkovError(f"analysis processes failed (torchrun exit status {status}); see above")
+        return
+    with process_group(compute_device(args.device)) as processes:
+        results = analysed(args, folder, processes)
+    if not processes.is_main:  # rank 0 alone writes and prints
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_results(results, out)
+    atomic_write_text(out / "report.html", render_report({f"{results.config.n_layers}-layer": results}))
+    for line in summary_lines(results):
+        console.print(line, highlight=False)
+    console.print(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+
+
+def analysed(args: argparse.Namespace, folder: Path, processes: Processes) -> Results:
+    """The checkpoint in ``folder`` opened (lazily with ``--weights-only`` when its weights can be
+    mapped) and analysed; under torchrun each of ``processes`` computes its share of the layers."""
     from qkov.analyze import analyze
     from qkov.data.shards import corpus_tokens
     from qkov.data.user_tokens import given_user_tokens
+    from qkov.distributed import worker_device
     from qkov.interop import open_model as load
     from qkov.interop.lazy import reads_lazily
-    from qkov.io import atomic_write_text, check_writable_folder
     from qkov.machine import compute_device, return_freed_blocks
-    from qkov.report import render_report
-    from qkov.results import write_results
     from qkov.training_log import read_training_log
 
-    set_threads(args.threads)
-    out = check_writable_folder(args.out if args.out else default_analysis_folder(args.checkpoint, folder))
     lazy = args.weights_only and reads_lazily(folder)  # no forward pass: one layer in memory at a time
     if lazy:
         return_freed_blocks()  # each layer's temporaries go back to the system, not to glibc's heap
-    model = checked_weights(load(folder, lazy=lazy), args.checkpoint).to(compute_device(args.device))
-    if lazy:
+    device = worker_device(compute_device(args.device), processes)
+    model = checked_weights(load(folder, lazy=lazy), args.checkpoint).to(device)
+    show = not args.quiet and processes.is_main
+    if lazy and processes.is_main:
         console.print("weights read layer by layer from the mapped files (--weights-only)", highlight=False)
     corpus = None
     if args.corpus:
         if model.tokenizer is None:
             raise QkovError("--corpus needs a checkpoint with a tokenizer.json to read text")
-        corpus = corpus_tokens(args.corpus, model.tokenizer, args.text_field, not args.quiet)
+        corpus = corpus_tokens(args.corpus, model.tokenizer, args.text_field, show)
     user = given_user_tokens(args.tokens, args.targets, model.cfg)
     log = read_training_log(folder)
-    results = analyze(model, corpus, log, not args.quiet, args.seed, user, args.steps, args.weights_only)
-    out.mkdir(parents=True, exist_ok=True)
-    write_results(results, out)
-    atomic_write_text(out / "report.html", render_report({f"{model.cfg.n_layers}-layer": results}))
-    for line in summary_lines(results):
-        console.print(line, highlight=False)
-    console.print(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+    return analyze(model, corpus, log, show, args.seed, user, args.steps, args.weights_only)
 
 
 def summary_lines(results: Results) -> list[str]:

@@ -68,8 +68,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def train_command(args: argparse.Namespace) -> None:
+    from qkov.distributed import default_threads
     from qkov.io import check_writable_folder
-    from qkov.training_run import TRAIN_FLAGS, TrainingInterrupted, TrainingRun, default_threads, train
+    from qkov.training_run import TRAIN_FLAGS, TrainingInterrupted, TrainingRun, train
 
     check_writable_folder(args.out)
     set_threads(args.threads, default_threads(args.nproc))
