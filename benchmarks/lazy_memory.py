@@ -4,7 +4,8 @@ in bfloat16 and sharded as Hugging Face writes them, each opened by ``qkov.open_
 whole, folded) and by ``qkov.open_model(path, lazy=True)`` (mapped, one layer at a time), then
 analysed by the weight-side steps (``qkov.analyze.run_steps(..., weights_only=True)``) in a fresh
 process: its peak resident memory above its RSS after the imports (Linux ``VmHWM``, reset through
-``/proc/self/clear_refs``) and its wall time, open and analysis together. The machine's one-thread
+``/proc/self/clear_refs``; glibc's mmap threshold fixed as ``qkov analyze --weights-only`` fixes it,
+:func:`qkov.machine.return_freed_blocks`) and its wall time, open and analysis together. The machine's one-thread
 float32 matmul rate is printed first (these machines differ by 2x from one session to the next).
 
     flock /tmp/qkov-heavy.lock python benchmarks/lazy_memory.py               # about 6 minutes
@@ -37,6 +38,9 @@ MEASURE = textwrap.dedent(
     import torch
     import qkov
     from qkov.analyze import run_steps
+    from qkov.machine import return_freed_blocks
+
+    return_freed_blocks()  # as qkov analyze --weights-only does: the peak of what is alive
 
     def status(key):  # kB, of this process's own memory
         return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1])
