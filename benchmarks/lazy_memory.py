@@ -5,8 +5,9 @@ whole, folded) and by ``qkov.open_model(path, lazy=True)`` (mapped, one layer at
 analysed by the weight-side steps (``qkov.analyze.run_steps(..., weights_only=True)``) in a fresh
 process: its peak resident memory above its RSS after the imports (Linux ``VmHWM``, reset through
 ``/proc/self/clear_refs``; glibc's mmap threshold fixed as ``qkov analyze --weights-only`` fixes it,
-:func:`qkov.machine.return_freed_blocks`) and its wall time, open and analysis together. The machine's one-thread
-float32 matmul rate is printed first (these machines differ by 2x from one session to the next).
+:func:`qkov.machine.return_freed_blocks`) and its wall time, open and analysis together. The
+machine's one-thread float32 matmul rate is printed first (these machines differ by 2x from one
+session to the next).
 
     flock /tmp/qkov-heavy.lock python benchmarks/lazy_memory.py               # about 6 minutes
     flock /tmp/qkov-heavy.lock python benchmarks/lazy_memory.py --layers 2,4  # a quicker look
