@@ -111,3 +111,18 @@ def test_the_step_reads_the_roles_and_round_trips():
     assert max(into, key=lambda e: e.weight) == edge(circuit, "L0H0", "L1H0", "K")
     adapter = TypeAdapter(Circuit)
     assert adapter.validate_json(adapter.dump_json(circuit)) == circuit
+
+
+def test_the_parts_scored_a_few_at_a_time_give_the_same_shares(monkeypatch):
+    """Within ``SHARE_BYTES`` the parts' score terms are made a few at a time (one, at a budget of one
+    byte): every share is the one made with all parts at once."""
+    from qkov.circuits import circuit
+
+    model = float64_model(2, "standard").requires_grad_(False)
+    tokens = repeated(model, 3)
+    frozen = freeze(model, tokens)
+    whole = {(e.writer, e.kind): e.weight for e in reader_edges(model, tokens, "L1H0", frozen, 0.0)}
+    monkeypatch.setattr(circuit, "SHARE_BYTES", 1)
+    cut = {(e.writer, e.kind): e.weight for e in reader_edges(model, tokens, "L1H0", frozen, 0.0)}
+    assert cut.keys() == whole.keys()
+    assert all(cut[key] == pytest.approx(whole[key], abs=1e-12) for key in whole)

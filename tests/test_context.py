@@ -183,3 +183,13 @@ def test_the_repeat_period_fits_the_shortest_sliding_window():
     allowed = qkov.AttnOnlyTransformer(cfg).blocks[1].attn.mask(12, torch.device("cpu"))
     assert allowed[11, 11 - (ctx.period - 1)] and not allowed[11, 11 - ctx.period]
     assert context_of(qkov.AttnOnlyTransformer(CFG)).period == 10  # no window: the context decides
+
+
+def test_a_long_context_is_read_on_its_first_positions():
+    """A model of Llama 3's 131,072 positions draws repeats and corpus windows of at most
+    ``MAX_SEQUENCE`` tokens: periods of 341, cut further only by the cache budget."""
+    cfg = dataclasses.replace(CFG, n_ctx=131072, bos_token_id=BOS)
+    corpus = TokenSplits(RNG.integers(0, 29, 3000), RNG.integers(0, 29, 3000))
+    ctx = context_of(qkov.AttnOnlyTransformer(cfg), corpus)
+    assert context.MAX_SEQUENCE == 1024 and ctx.period == (1024 - 1) // 3
+    assert ctx.repeated.shape[1] == 1 + 3 * ctx.period and ctx.text.shape[1] == 1024

@@ -36,6 +36,12 @@ REPEATED_CACHE_BYTES = 1.5 * 2**30
 # where a step asks for it; the default models need under 0.1 TFLOP and are not cut.
 RERUN_FLOP_BUDGET = 1e12
 PATTERN_EXAMPLE_LENGTH = 48  # tokens in the attention-pattern examples kept for the report
+# The longest sequence a behaviour step draws (GPT-2's context): a model with a longer one is read on
+# its first positions. The budgets above bound a batch's cache, not what later steps build from it
+# in float64 (the circuit graph's centred scores, several [batch, heads, pos, pos] at once), which
+# grows as the square of the length: a 2-layer Llama of width 64 with Llama 3's 131,072 positions
+# drew periods of 789 (2,368 tokens) and its full analyze took 4 min 11 s and 15.8 GB.
+MAX_SEQUENCE = 1024
 
 
 class CorpusSplits(Protocol):
@@ -60,12 +66,13 @@ class Context:
       when fewer sequences would not reach it);
     - ``example``: one such sequence of ``example_period`` tokens (``PATTERN_EXAMPLE_LENGTH`` in all);
     - with a corpus, ``snippet`` (one eval window of that length) and ``text`` (``REPEAT_BATCH``
-      eval windows of ``n_ctx``);
+      eval windows of ``n_ctx``, at most ``MAX_SEQUENCE``);
     - ``user``: the user's own tokens and targets (``--tokens``), when given.
 
     A model with a start token (``cfg.bos_token_id``) reads it first in every sequence: the repeats
-    (then of period ``(n_ctx - 1) // REPEATS``), the example and the corpus windows; ``start`` is 1,
-    the position the repeats begin at, from which their scores and losses are read.
+    (then of period ``(n_ctx - 1) // REPEATS``, ``n_ctx`` at most ``MAX_SEQUENCE``), the example
+    and the corpus windows; ``start`` is 1, the position the repeats begin at, from which their
+    scores and losses are read.
 
     Steps that rerun the model many times take a part of these within ``RERUN_FLOP_BUDGET``
     (:meth:`rerun_batch`, :meth:`rerun_text`). ``done`` holds the results of the steps run so far.
@@ -98,7 +105,8 @@ class Context:
     ) -> Context:
         cfg, generator, device = model.cfg, torch.Generator().manual_seed(seed), model.device
         bos, start = cfg.bos_token_id, int(cfg.bos_token_id is not None)
-        period = min((cfg.n_ctx - start) // REPEATS, _reach(cfg))
+        n_ctx = min(cfg.n_ctx, MAX_SEQUENCE)
+        period = min((n_ctx - start) // REPEATS, _reach(cfg))
         example_period = (min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx) - start) // REPEATS
         if cfg.n_layers == 0 or weights_only:
             return cls(
@@ -113,7 +121,7 @@ class Context:
         snippet = text = None
         if corpus is not None:
             snippet = _windows(corpus, 1, min(PATTERN_EXAMPLE_LENGTH, cfg.n_ctx), generator, bos)[0]
-            text = _windows(corpus, REPEAT_BATCH, cfg.n_ctx, generator, bos).to(device)
+            text = _windows(corpus, REPEAT_BATCH, n_ctx, generator, bos).to(device)
             snippet = snippet.to(device)
         repeated, example = repeated.to(device), example.to(device)
         return cls(

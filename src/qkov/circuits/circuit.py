@@ -51,6 +51,9 @@ EDGE_THRESHOLD = 0.1
 DUPLICATE_TOKEN_HEAD = 0.3
 KINDS = ("Q", "K", "V")
 SHARE_PARTS = 64  # parts whose score terms are computed at once (per-part calls cost more than the work)
+# ... unless their terms pass this: a part's terms are [batch, pos, pos] in float64, so 64 parts of 32
+# sequences of 1,024 tokens were 17 GiB (a 2-layer model of width 64 took 12 GB in all, 2 min 54 s)
+SHARE_BYTES = 2**28
 
 
 @dataclass(frozen=True)
@@ -127,11 +130,13 @@ def score_shares(parts: ScoreParts, side: str) -> dict[str, float | None]:
     centred_total = centred_scores(every_query @ every_key.mT)
     norm = float(centred_total.square().sum())
     shares: list[float | None] = []
-    for at in range(0, len(parts.names), SHARE_PARTS):
+    # each part's terms are [batch, pos, pos] (as centred_total): as many parts at once as SHARE_BYTES holds
+    step = max(1, min(SHARE_PARTS, SHARE_BYTES // (centred_total.numel() * centred_total.element_size())))
+    for at in range(0, len(parts.names), step):
         if side == "Q":
-            terms = parts.queries[at : at + SHARE_PARTS] @ every_key.mT
+            terms = parts.queries[at : at + step] @ every_key.mT
         else:
-            terms = every_query @ parts.keys[at : at + SHARE_PARTS].mT
+            terms = every_query @ parts.keys[at : at + step].mT
         overlap = (centred_scores(terms) * centred_total).sum((1, 2, 3))
         shares += [finite(float(value) / norm) for value in overlap]
     return dict(zip(parts.names, shares, strict=True))
