@@ -170,3 +170,15 @@ def test_each_process_reads_and_computes_only_its_layers(monkeypatch):
     got = qk_ov.map_layers(random_model(cfg), "OV", lambda layer, full: (layer, full.shape))
     assert asked == [[1, 3]]
     assert got == [None, (1, (1, 2, 20, 20)), None, (3, (1, 2, 20, 20)), None]
+
+
+def test_a_broken_checkpoint_is_one_line_before_any_process_starts(tmp_path):
+    from conftest import random_model
+
+    cfg = qkov.Config(n_layers=2, n_heads=2, d_model=16, d_head=4, d_vocab=20, n_ctx=8)
+    qkov.save(random_model(cfg), tmp_path / "model")
+    weights = tmp_path / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    result = qkov_cli("analyze", str(tmp_path / "model"), "--weights-only", "--nproc", "2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("truncated or corrupt") == 1

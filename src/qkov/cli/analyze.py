@@ -123,6 +123,7 @@ def analyze_command(args: argparse.Namespace) -> None:
     set_threads(args.threads, default_threads(args.nproc))
     out = check_writable_folder(args.out if args.out else default_analysis_folder(args.checkpoint, folder))
     if args.nproc > 1 and not launched_by_torchrun():
+        opened_for_errors(folder, args.checkpoint)  # a bad checkpoint is one line here, not N in workers
         status, interrupted = run_workers(args.nproc, args.argv)
         if interrupted:
             raise KeyboardInterrupt
@@ -139,6 +140,16 @@ def analyze_command(args: argparse.Namespace) -> None:
     for line in summary_lines(results):
         console.print(line, highlight=False)
     console.print(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+
+
+def opened_for_errors(folder: Path, source: str) -> None:
+    """Open the checkpoint lazily, when it can be (its headers, shapes and ends read and checked,
+    no layer), and let it go: what is wrong with it is then said once, by this process."""
+    from qkov.interop import open_model
+    from qkov.interop.lazy import reads_lazily
+
+    if reads_lazily(folder):
+        checked_weights(open_model(folder, lazy=True), source)
 
 
 def analysed(args: argparse.Namespace, folder: Path, processes: Processes) -> Results:
