@@ -184,9 +184,8 @@ def direct_copying(
 
     with _progress_bar(progress) as shown:
         task = shown.add_task("direct copying", total=d_vocab * model.cfg.n_layers)
-        found = map_layers(
-            model, "OV", one_layer
-        )  # one layer's heads at a time; a share of them under torchrun
+        # one layer's heads at a time; under torchrun, a share of the layers in each process
+        found = map_layers(model, "OV", one_layer)
     parts = (torch.cat(part, dim=-1 if i < 2 else 0) for i, part in enumerate(zip(*found, strict=True)))
     return _direct_rows(*parts, model.cfg, diagonal_tokens)
 
