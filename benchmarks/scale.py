@@ -22,6 +22,11 @@ Times are scaled to a 100 GFLOP/s float32 core (wall x the one-thread matmul rat
     flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.1-70b-width \
         --steps spectra,copying,composition --no-tl
     python benchmarks/scale.py --shape tiny            # the script itself, in a few seconds
+    python benchmarks/scale.py --shape llama-3.1-8b --device cuda    # on one GPU (gpu_checks.sh)
+
+On a GPU the model is drawn there, qkov analyzes it with ``--device cuda`` (its blocks read from
+the mapped files one at a time and moved to the GPU) and each step's peak GPU memory is printed
+beside its time; TransformerLens runs on the GPU too, its memory the limit.
 """
 
 from __future__ import annotations
@@ -61,10 +66,12 @@ SHARD_BYTES = 5 * GiB  # transformers' default max_shard_size
 QKOV = textwrap.dedent(
     """
     import dataclasses, json, sys, time
+    import torch
     import qkov.analyze as analyze
     from qkov.cli import main
 
-    times, peaks = {}, {}
+    times, peaks, gpu_peaks = {}, {}, {}
+    gpu = sys.argv[4] != "cpu"
 
     def hwm():
         return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1]) * 1024
@@ -73,10 +80,16 @@ QKOV = textwrap.dedent(
         def run(ctx):
             with open("/proc/self/clear_refs", "w") as f:  # this step's own peak
                 f.write("5")
+            if gpu:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             started = time.perf_counter()
             try:
                 return step.run(ctx)
             finally:
+                if gpu:
+                    torch.cuda.synchronize()
+                    gpu_peaks[step.name] = torch.cuda.max_memory_allocated()
                 times[step.name], peaks[step.name] = time.perf_counter() - started, hwm()
                 line = f"{step.name}: {times[step.name]:.1f} s, peak {peaks[step.name] >> 20} MiB"
                 print(line, file=sys.stderr, flush=True)
@@ -86,19 +99,22 @@ QKOV = textwrap.dedent(
     started = time.perf_counter()
     try:
         steps = ["--steps", sys.argv[3]] if sys.argv[3] else []
-        main(["analyze", sys.argv[1], "--weights-only", "--quiet", "--out", sys.argv[2], *steps])
+        device = ["--device", sys.argv[4]]
+        main(["analyze", sys.argv[1], "--weights-only", "--quiet", "--out", sys.argv[2], *steps, *device])
     except SystemExit as done:
         assert not done.code, done.code
     peak = max([hwm(), *peaks.values()])
-    print(json.dumps({"total": time.perf_counter() - started, "steps": times, "peaks": peaks, "peak": peak}))
+    found = {"total": time.perf_counter() - started, "steps": times, "peaks": peaks, "peak": peak}
+    print(json.dumps(found | {"gpu_peaks": gpu_peaks}))
     """
 )
 
 TRANSFORMER_LENS = textwrap.dedent(
     """
     import json, resource, sys, time
-    limit = int(sys.argv[2])
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    limit, device = int(sys.argv[2]), sys.argv[3]
+    if device == "cpu":  # on a GPU its own memory is the limit (CUDA maps far more address space)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
@@ -109,6 +125,8 @@ TRANSFORMER_LENS = textwrap.dedent(
         started = time.perf_counter()
         try:
             value = work()
+            if device != "cpu":
+                torch.cuda.synchronize()
             out[name] = {"seconds": time.perf_counter() - started}
             return value
         except (MemoryError, RuntimeError) as err:
@@ -120,7 +138,7 @@ TRANSFORMER_LENS = textwrap.dedent(
         n_layers=shape["layers"], d_model=shape["d_model"], n_heads=shape["heads"], d_head=shape["d_head"],
         d_mlp=shape["d_mlp"], d_vocab=shape["vocab"], n_ctx=2048, act_fn="silu", normalization_type="RMS",
         positional_embedding_type="rotary", rotary_dim=shape["d_head"], n_key_value_heads=shape["kv_heads"],
-        gated_mlp=True, final_rms=True, seed=0,
+        gated_mlp=True, final_rms=True, seed=0, device=device,
     )
     model = attempt("build", lambda: HookedTransformer(cfg))
     if model is not None:
@@ -132,12 +150,13 @@ TRANSFORMER_LENS = textwrap.dedent(
 
 
 def draw(rows: int, cols: int, spectrum: str, generator: torch.Generator) -> torch.Tensor:
-    """A ``[rows, cols]`` bfloat16 matrix of unit-variance rows' scale: Gaussian, its columns scaled
-    by ``1 / (1 + k / 16)`` for the trained-like spectrum."""
-    x = torch.randn(rows, cols, generator=generator) / math.sqrt(cols)
+    """A ``[rows, cols]`` bfloat16 matrix (on the CPU) of unit-variance rows' scale: Gaussian, its
+    columns scaled by ``1 / (1 + k / 16)`` for the trained-like spectrum; drawn on the generator's
+    device (a GPU draws an 8B model in seconds)."""
+    x = torch.randn(rows, cols, generator=generator, device=generator.device) / math.sqrt(cols)
     if spectrum == "decaying":
-        x *= 1 / (1 + torch.arange(cols) / 16)
-    return x.to(torch.bfloat16)
+        x *= 1 / (1 + torch.arange(cols, device=generator.device) / 16)
+    return x.to(torch.bfloat16).cpu()
 
 
 def layer_tensors(layer: int, s: dict, spectrum: str, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -154,13 +173,14 @@ def layer_tensors(layer: int, s: dict, spectrum: str, generator: torch.Generator
     }
     out = {p + name + ".weight": draw(*shape, spectrum, generator) for name, shape in shapes.items()}
     for norm in ("input_layernorm", "post_attention_layernorm"):
-        out[p + norm + ".weight"] = (1 + 0.1 * torch.randn(d, generator=generator)).to(torch.bfloat16)
+        norm_weight = 1 + 0.1 * torch.randn(d, generator=generator, device=generator.device)
+        out[p + norm + ".weight"] = norm_weight.to(torch.bfloat16).cpu()
     return out
 
 
-def write_checkpoint(folder: Path, s: dict, spectrum: str) -> int:
+def write_checkpoint(folder: Path, s: dict, spectrum: str, device: str) -> int:
     """The config, the shards and the index, a shard written as soon as it is full (the parent
-    never holds more than a shard); the bytes written."""
+    never holds more than a shard), drawn on ``device``; the bytes written."""
     import transformers
     from safetensors.torch import save_file
 
@@ -176,7 +196,7 @@ def write_checkpoint(folder: Path, s: dict, spectrum: str) -> int:
         },
     )  # fmt: skip
     config.save_pretrained(folder)
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device).manual_seed(0)
     groups = [{"model.embed_tokens.weight": draw(s["vocab"], s["d_model"], spectrum, generator)}]
     groups += [
         lambda layer=layer: layer_tensors(layer, s, spectrum, generator) for layer in range(s["layers"])
@@ -212,26 +232,52 @@ def write_checkpoint(folder: Path, s: dict, spectrum: str) -> int:
     return total
 
 
-def run_qkov(folder: Path, out: Path, steps: str) -> dict:
+def run_qkov(folder: Path, out: Path, steps: str, device: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(SRC))
     done = subprocess.run(  # each step's line on stderr as it ends, to follow a long run
-        [sys.executable, "-c", QKOV, str(folder), str(out), steps], stdout=subprocess.PIPE, text=True, env=env
-    )
+        [sys.executable, "-c", QKOV, str(folder), str(out), steps, device],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
     if done.returncode:
         raise SystemExit("qkov analyze failed (its error above)")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_transformer_lens(s: dict, limit: int) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", TRANSFORMER_LENS, json.dumps(s), str(limit)], capture_output=True, text=True
-    )
+def run_transformer_lens(s: dict, limit: int, device: str, timeout: float) -> dict:
+    command = [sys.executable, "-c", TRANSFORMER_LENS, json.dumps(s), str(limit), device]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as stopped:  # what it finished, and the step it was in
+        done = subprocess.CompletedProcess(command, -9, stopped.stdout or "", f"stopped after {timeout:g} s")
+        done.stdout = done.stdout.decode() if isinstance(done.stdout, bytes) else done.stdout
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     found = json.loads(lines[-1]) if lines else {}
     if done.returncode and len(found) < 3:  # killed (or failed) inside a step: the step it was in
         step = ("build", "OV eigenvalue copying", "K-composition")[len(found)]
         found[step] = {"error": f"the process ended ({done.returncode}): {done.stderr.strip()[-160:]}"}
     return found
+
+
+def report(got: dict, scale: float, on_gpu: bool) -> None:
+    """qkov's total and each step's time (scaled on the CPU) and peak memory (the GPU's too)."""
+    scaled = "" if on_gpu else f", {got['total'] * scale:.1f} s scaled"
+    print(f"qkov analyze --weights-only: {got['total']:.1f} s wall{scaled}, peak {got['peak'] / GiB:.2f} GiB")
+    for step, seconds in got["steps"].items():
+        peak = f"peak {got['peaks'][step] / GiB:5.2f} GiB"
+        if on_gpu:
+            print(f"  {step:22s} {seconds:8.1f} s wall, {peak}, GPU {got['gpu_peaks'][step] / GiB:5.2f} GiB")
+        else:
+            print(f"  {step:22s} {seconds:8.1f} s wall {seconds * scale:8.1f} s scaled, {peak}")
+
+
+def report_transformer_lens(found: dict, scale: float, on_gpu: bool) -> None:
+    for step, result in found.items():
+        if "seconds" not in result:
+            print(f"  {step:22s} fails: {result['error']}")
+        elif on_gpu:
+            print(f"  {step:22s} {result['seconds']:8.1f} s wall")
+        else:
+            print(f"  {step:22s} {result['seconds']:8.1f} s wall {result['seconds'] * scale:8.1f} s scaled")
 
 
 def main() -> None:
@@ -241,14 +287,19 @@ def main() -> None:
     parser.add_argument("--shape", choices=SHAPES, default="llama-3.2-1b")
     parser.add_argument("--layers", type=int, help="fewer layers than the model has (default: all)")
     parser.add_argument("--spectrum", choices=("decaying", "flat"), default="decaying")
+    parser.add_argument("--device", default="cpu", help="qkov analyze --device, and TransformerLens' (cpu)")
     parser.add_argument(
-        "--tl-limit", type=float, default=8.0, help="GiB of address space for TransformerLens"
+        "--tl-limit", type=float, default=8.0, help="GiB of address space for TransformerLens on the CPU"
     )
+    parser.add_argument("--tl-timeout", type=float, default=1800, help="seconds TransformerLens may run")
     parser.add_argument("--no-tl", action="store_true", help="leave TransformerLens out")
     parser.add_argument("--steps", default="", help="qkov analyze --steps (default: every weights-only step)")
     args = parser.parse_args()
     s = dict(SHAPES[args.shape], vocab=VOCAB.get(args.shape, 128256))
     s["layers"] = args.layers or s["layers"]
+    on_gpu = args.device != "cpu"
+    if on_gpu and not torch.cuda.is_available():
+        raise SystemExit(f"scale.py: --device {args.device}, but no CUDA device is available here")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rate = matmul_rate()
@@ -256,28 +307,21 @@ def main() -> None:
     scale = rate / 100e9
     print(
         f"fp32 matmul rate, one thread: {rate / 1e9:.0f} GFLOP/s (wall x {scale:.2f} = scaled); "
-        f"{threads} threads"
+        f"{threads} threads" + (f"; {torch.cuda.get_device_name()}" if on_gpu else "")
     )
     print(f"{args.shape}: {json.dumps(s)}, {args.spectrum} spectrum")
     with tempfile.TemporaryDirectory(dir=os.environ.get("QKOV_BENCH_DIR")) as tmp:
         started = time.perf_counter()
-        size = write_checkpoint(Path(tmp) / "model", s, args.spectrum)
+        size = write_checkpoint(Path(tmp) / "model", s, args.spectrum, args.device)
         shards = len(list((Path(tmp) / "model").glob("*.safetensors")))
         print(f"written: {size / GiB:.2f} GiB in {shards} shards, {time.perf_counter() - started:.0f} s")
-        got = run_qkov(Path(tmp) / "model", Path(tmp) / "out", args.steps)
-    print(f"qkov analyze --weights-only: {got['total']:.1f} s wall, {got['total'] * scale:.1f} s scaled, "
-          f"peak {got['peak'] / GiB:.2f} GiB")  # fmt: skip
-    for step, seconds in got["steps"].items():
-        peak = got["peaks"][step] / GiB
-        print(f"  {step:22s} {seconds:8.1f} s wall {seconds * scale:8.1f} s scaled, peak {peak:5.2f} GiB")
+        report(run_qkov(Path(tmp) / "model", Path(tmp) / "out", args.steps, args.device), scale, on_gpu)
     if args.no_tl:
         return
-    print(f"TransformerLens (address space limited to {args.tl_limit:g} GiB):")
-    for step, result in run_transformer_lens(s, int(args.tl_limit * GiB)).items():
-        if "seconds" in result:
-            print(f"  {step:22s} {result['seconds']:8.1f} s wall {result['seconds'] * scale:8.1f} s scaled")
-        else:
-            print(f"  {step:22s} fails: {result['error']}")
+    limit = "its GPU's memory" if on_gpu else f"address space limited to {args.tl_limit:g} GiB"
+    print(f"TransformerLens ({args.device}, {limit}):")
+    found = run_transformer_lens(s, int(args.tl_limit * GiB), args.device, args.tl_timeout)
+    report_transformer_lens(found, scale, on_gpu)
 
 
 if __name__ == "__main__":

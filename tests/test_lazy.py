@@ -100,6 +100,62 @@ def test_circuits_read_the_lazy_model_folded_and_viewed(tmp_path):
     assert len(lazy_model._circuits) == 2
 
 
+def moved_alike(tmp_path: Path, to) -> tuple[torch.nn.Module, LazyTransformer]:
+    """A random Llama read whole and opened lazily, both moved by ``to`` (a device or a dtype)."""
+    folder = saved(tmp_path, "llama")
+    return qkov.open_model(folder).to(to), qkov.open_model(folder, lazy=True).to(to)
+
+
+def assert_moved(lazy: LazyTransformer, device: torch.device, dtype: torch.dtype) -> None:
+    """Every tensor of ``lazy``, of its blocks, of its circuit view and of the view's blocks on
+    ``device`` in ``dtype``."""
+    for model in (lazy, circuit_model(lazy)):
+        tensors = [*model.parameters(), *(t for block in model.blocks for t in block.parameters())]
+        assert {(t.device, t.dtype) for t in tensors} == {(device, dtype)}
+
+
+def test_lazy_model_moves_its_blocks_as_it_builds_them(tmp_path):
+    """``.to(dtype)`` on a lazy model converts its ends at once and each block as it is built (the
+    circuit view's too, made again from the converted ends); the analyses equal those of the model
+    read whole and converted alike."""
+    circuit_model(lazy := qkov.open_model(saved(tmp_path / "a", "llama"), lazy=True))
+    lazy.blocks[0]
+    lazy.double()  # after a view and a block were made: both are made again, converted
+    assert not lazy._circuits and not lazy.blocks.kept
+    assert_moved(lazy, torch.device("cpu"), torch.float64)
+    eager, lazy = moved_alike(tmp_path / "b", torch.float64)
+    assert_moved(lazy, torch.device("cpu"), torch.float64)
+    steps = weight_steps(eager.cfg)
+    assert_same(run_steps(eager, steps, weights_only=True), run_steps(lazy, steps, weights_only=True))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_lazy_model_on_a_gpu(tmp_path):
+    """A lazy model moved to the GPU builds its blocks there; its analyses equal the CPU's."""
+    eager, lazy = moved_alike(tmp_path, "cuda")
+    assert_moved(lazy, torch.device("cuda", 0), torch.float32)
+    steps = weight_steps(eager.cfg)
+    assert_same(run_steps(eager, steps, weights_only=True), run_steps(lazy, steps, weights_only=True))
+
+
+def test_folding_in_place_leaves_the_file_and_the_tied_embedding_alone(tmp_path):
+    """Folding overwrites the tensors it is given (no 2 GiB copy of Llama 3's unembedding made to
+    scale or centre it): a lazy model of a float32 checkpoint with a tied unembedding (tensors
+    already in the compute dtype, read from the mapped file, ``W_U`` read from the embedding's
+    bytes) folds tensors of its own: its ends and blocks equal the model read whole's exactly, and
+    the file's bytes are unchanged."""
+    config = type(CASES["llama"])(**(CASES["llama"].to_dict() | {"tie_word_embeddings": True}))
+    random_hf_model(config).to(torch.float32).save_pretrained(tmp_path)
+    before = (tmp_path / "model.safetensors").read_bytes()
+    eager, lazy = qkov.open_model(tmp_path), qkov.open_model(tmp_path, lazy=True)
+    assert not torch.equal(lazy.W_U, lazy.W_E.T)  # W_U folded and centred, W_E not
+    for name in ("W_E", "W_U"):
+        torch.testing.assert_close(getattr(lazy, name), getattr(eager, name), rtol=0, atol=0)
+    for ours, theirs in zip(lazy.blocks[0].parameters(), eager.blocks[0].parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+
+
 def test_lazy_forward_runs_layer_by_layer(tmp_path):
     folder = saved(tmp_path, "gemma2")
     eager, lazy = qkov.open_model(folder), qkov.open_model(folder, lazy=True)

@@ -66,8 +66,9 @@ def state_with_biases(model: Transformer) -> dict[str, Tensor]:
     return state | {name: param.detach().clone() for name, param in model.named_parameters()}
 
 
-def centred(x: Tensor, dim: int) -> Tensor:
-    return x - x.mean(dim, keepdim=True)
+def centre_(x: Tensor, dim: int) -> Tensor:
+    """``x`` less its mean along ``dim``, in place."""
+    return x.sub_(x.mean(dim, keepdim=True))
 
 
 def reading_names(cfg: Config, layer: int) -> list[str]:
@@ -93,7 +94,9 @@ def fold_layer_norm(state: dict[str, Tensor], cfg: Config, layers: Iterable[int]
             W, bias = state[name], name.replace("W_", "b_")
             if b is not None:
                 state[bias] = state[bias] + einsum(b, W, "d_model, h d_model e -> h e")
-            state[name] = centred(W * w[None, :, None], dim=1) if centre else W * w[None, :, None]
+            W.mul_(w[None, :, None])
+            if centre:
+                centre_(W, dim=1)
         if cfg.has_mlp:
             m, ln = f"blocks.{layer}.mlp.", f"blocks.{layer}.ln2."
             w, b = state.pop(ln + "w"), state.pop(ln + "b", None)
@@ -101,13 +104,17 @@ def fold_layer_norm(state: dict[str, Tensor], cfg: Config, layers: Iterable[int]
                 W = state[m + f"W_{name}"]
                 if b is not None:
                     state[m + f"b_{name}"] = state[m + f"b_{name}"] + b @ W
-                state[m + f"W_{name}"] = centred(W * w[:, None], dim=0) if centre else W * w[:, None]
+                W.mul_(w[:, None])
+                if centre:
+                    centre_(W, dim=0)
     if not ends:
         return
     w, b = state.pop("ln_final.w"), state.pop("ln_final.b", None)
     if b is not None:
         state["b_U"] = state["b_U"] + b @ state["W_U"]
-    state["W_U"] = centred(state["W_U"] * w[:, None], dim=0) if centre else state["W_U"] * w[:, None]
+    state["W_U"].mul_(w[:, None])
+    if centre:
+        centre_(state["W_U"], dim=0)
 
 
 def center_writing_weights(state: dict[str, Tensor], cfg: Config, layers: Iterable[int], ends: bool) -> None:
@@ -120,13 +127,13 @@ def center_writing_weights(state: dict[str, Tensor], cfg: Config, layers: Iterab
         if cfg.has_mlp:
             names += [f"blocks.{layer}.mlp.W_out", f"blocks.{layer}.mlp.b_out"]
     for name in names:
-        state[name] = centred(state[name], dim=-1)
+        centre_(state[name], dim=-1)
 
 
 def center_unembed(state: dict[str, Tensor]) -> None:
     """Step 3, in place: ``W_U`` and ``b_U`` lose their mean over ``d_vocab``."""
-    state["W_U"] = centred(state["W_U"], dim=-1)
-    state["b_U"] = centred(state["b_U"], dim=-1)
+    centre_(state["W_U"], dim=-1)
+    centre_(state["b_U"], dim=-1)
 
 
 def fold_value_biases(state: dict[str, Tensor], cfg: Config, layers: Iterable[int]) -> None:
@@ -137,7 +144,7 @@ def fold_value_biases(state: dict[str, Tensor], cfg: Config, layers: Iterable[in
         a, b_V = f"blocks.{layer}.attn.", reading_names(cfg, layer)[2].replace("W_", "b_")
         per_head = state[b_V].repeat_interleave(group, dim=0)
         b_O = state[a + "b_O"] + einsum(per_head, state[a + "W_O"], "h e, h e d -> d")
-        state[a + "b_O"] = centred(b_O, dim=-1) if centres(cfg) else b_O
+        state[a + "b_O"] = centre_(b_O, dim=-1) if centres(cfg) else b_O
         state[b_V] = torch.zeros_like(state[b_V])
 
 
@@ -148,7 +155,9 @@ def fold_tensors(
     ``state`` holds (every bias present, zeros where the model has none) and, with ``ends``, on
     the embeddings, final norm and unembedding: the folded model's config, and the note when a step
     could not be done exactly. :func:`fold` runs it on a whole model, a lazy model on one layer at a
-    time, so that both fold by the same code."""
+    time, so that both fold by the same code. ``state``'s tensors are the caller's own, not shared
+    with anything else: they are overwritten (at Llama 3's vocabulary a copy of the unembedding made
+    to scale or centre it is 2 GiB)."""
     layers, note = list(layers), None
     if cfg.affine_norms and cfg.positional_embedding == "shortformer":
         note = SHORTFORMER_NOTE

@@ -87,10 +87,17 @@ class LazySource:
         return self.names.cfg
 
     def ends(self) -> dict[str, Tensor]:
-        return {name: t.to(self.dtype) for name, t in self.names.ends().items()}
+        return owned(self.names.ends(), self.dtype)
 
     def layer(self, layer: int) -> dict[str, Tensor]:
-        return {name: t.to(self.dtype) for name, t in self.names.layer(layer).items()}
+        return owned(self.names.layer(layer), self.dtype)
+
+
+def owned(tensors: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+    """``tensors`` in ``dtype``, each a copy of its own (folding overwrites them: a tensor already in
+    ``dtype`` would otherwise be a view of the mapped file, or of another tensor, as a tied
+    unembedding is of the embedding)."""
+    return {name: t.to(dtype, copy=True) for name, t in tensors.items()}
 
 
 def qkov_names(cfg: Config, state: Mapping[str, Tensor]) -> Renaming:
@@ -148,7 +155,7 @@ def open_lazy(folder: Path, dtype: torch.dtype | None = None) -> LazyTransformer
     source = lazy_source(folder, dtype)
     cfg, ends = folded_ends(source)
     viewed, kept = any(f in VIEW_FEATURES for f in cfg.features), OrderedDict()  # blocks held, in all
-    circuit = partial(circuit_lazy, source, cfg, ends, kept) if viewed else None
+    circuit = partial(circuit_lazy, source, cfg, kept) if viewed else None
     biases = source.cfg.affine_norms or source.biases  # folding gives every bias (zeros where absent)
     model = LazyTransformer(cfg, ends, partial(model_block, source), biases, source.dtype, circuit, kept)
     model.tokenizer = source.tokenizer
@@ -177,7 +184,7 @@ def model_block(source: LazySource, layer: int) -> Block:
 
 
 def circuit_lazy(
-    source: LazySource, cfg: Config, ends: dict[str, Tensor], kept: OrderedDict, offsets: range
+    source: LazySource, cfg: Config, kept: OrderedDict, ends: dict[str, Tensor], offsets: range
 ) -> LazyTransformer:
     """The lazy model :func:`qkov.interop.fold.circuit_model` gives for ``offsets``: the circuit
     view (:func:`~qkov.interop.fold.circuit_view`) of the folded model (of config ``cfg``), one layer

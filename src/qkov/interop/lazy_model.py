@@ -7,6 +7,8 @@ safetensors.
 Everything that reads a model's weights through ``model.blocks`` works on it unchanged (each
 access to a block that is not kept reads it again, so an analysis that passes over every layer
 several times reads every layer several times); its forward pass runs layer by layer the same way.
+``model.to(device)`` (or a dtype) moves the ends at once and each block as it is built: a model
+on a GPU holds its ends and the kept blocks there, and reads the rest from the mapped files.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ class LazyBlocks(Sequence[Block]):
 
     def __init__(self, n: int, load: Callable[[int], Block], kept: OrderedDict | None = None) -> None:
         self.n, self.load, self.kept = n, load, OrderedDict() if kept is None else kept
+        self.moves: list[Callable[[Tensor], Tensor]] = []  # ``Module._apply``'s functions, in order
+
+    def forget(self) -> None:
+        """Let go of this sequence's kept blocks (they are built again, moved, when read)."""
+        for key in [key for key in self.kept if key[0] == id(self)]:
+            del self.kept[key]
 
     def __len__(self) -> int:
         return self.n
@@ -45,7 +53,10 @@ class LazyBlocks(Sequence[Block]):
         if key not in self.kept:
             while len(self.kept) >= KEEP:  # let go before building: never KEEP + 1 blocks at once
                 self.kept.popitem(last=False)
-            self.kept[key] = self.load(layer)
+            block = self.load(layer)
+            for move in self.moves:  # the model's .to(...) calls, made on each block as it is built
+                block._apply(move)
+            self.kept[key] = block
         self.kept.move_to_end(key)
         return self.kept[key]
 
@@ -55,11 +66,12 @@ class LazyBlocks(Sequence[Block]):
 
 class LazyTransformer(Transformer):
     """A :class:`~qkov.model.Transformer` of ``cfg`` whose ends (the parameters outside the blocks,
-    ``ends`` by their names, held as given when in ``dtype``: two lazy models may share them) are in
-    ``dtype`` and whose blocks are built by ``load`` when read (:class:`LazyBlocks`).
-    ``circuit(offsets)`` gives the lazy model the weight-based circuits read
-    (:func:`qkov.interop.fold.circuit_model`); None when this model is that already. ``kept``: the
-    built blocks, shared with the other lazy models of the same source (:class:`LazyBlocks`)."""
+    ``ends`` by their names, held as given: two lazy models may share them; zeros of ``dtype`` for
+    those not given) and whose blocks are built by ``load`` when read (:class:`LazyBlocks`).
+    ``circuit(ends, offsets)`` gives the lazy model the weight-based circuits read
+    (:func:`qkov.interop.fold.circuit_model`) on these ends; None when this model is that already.
+    ``kept``: the built blocks, shared with the other lazy models of the same source
+    (:class:`LazyBlocks`)."""
 
     def __init__(
         self,
@@ -68,15 +80,16 @@ class LazyTransformer(Transformer):
         load: Callable[[int], Block],
         biases: bool,
         dtype: torch.dtype,
-        circuit: Callable[[range], LazyTransformer] | None = None,
+        circuit: Callable[[dict[str, Tensor], range], LazyTransformer] | None = None,
         kept: OrderedDict | None = None,
     ) -> None:
+        device = next(iter(ends.values())).device
         with torch.device("meta"):
             super().__init__(cfg, biases, init=False)
         del self.blocks
         for name, param in list(self.named_parameters()):  # the ends themselves, not copies of them
             owner, _, leaf = name.rpartition(".")
-            value = ends[name].to(dtype) if name in ends else torch.zeros(param.shape, dtype=dtype)
+            value = ends[name] if name in ends else torch.zeros(param.shape, dtype=dtype, device=device)
             setattr(self.get_submodule(owner), leaf, torch.nn.Parameter(value, requires_grad=False))
         self.blocks: Sequence[Block] = LazyBlocks(cfg.n_layers, load, kept)
         self._circuit, self._circuits = circuit, {}
@@ -86,6 +99,16 @@ class LazyTransformer(Transformer):
         if self._circuit is None:
             return self
         key = (offsets.start, offsets.stop, offsets.step)
-        if key not in self._circuits:
-            self._circuits[key] = self._circuit(offsets)
+        if key not in self._circuits:  # on this model's ends as they are now (moved or not)
+            view = self._circuit(dict(self.named_parameters()), offsets)
+            for move in self.blocks.moves:  # a no-op on the ends moved already: the rest, the blocks
+                view._apply(move)
+            self._circuits[key] = view
         return self._circuits[key]
+
+    def _apply(self, fn, recurse=True):  # what .to, .cuda, .double... call: the ends, then each block
+        super()._apply(fn, recurse)
+        self.blocks.moves.append(fn)
+        self.blocks.forget()
+        self._circuits = {}  # views share the ends: made again from the moved ones when asked for
+        return self
