@@ -20,7 +20,7 @@ from families import family_configs, random_hf_model
 from qkov.analyze import STEPS, TOKENS, run_steps
 from qkov.errors import QkovError
 from qkov.interop.fold import circuit_model
-from qkov.interop.lazy_model import KEEP, LazyTransformer
+from qkov.interop.lazy_model import KEEP, LazyMLP, LazyTransformer
 
 CASES = dict(family_configs())
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -91,6 +91,8 @@ def test_circuits_read_the_lazy_model_folded_and_viewed(tmp_path):
     for name in ("W_E", "W_U"):
         torch.testing.assert_close(getattr(lazy, name), getattr(eager, name), rtol=0, atol=0)
     for layer, block in enumerate(lazy.blocks):
+        assert not any(name.startswith("mlp.") for name, _ in block.named_parameters())  # not read yet
+        assert block.mlp.W_in is not None  # read when first asked for (the view's: the folded block's)
         ours, theirs = dict(block.named_parameters()), dict(eager.blocks[layer].named_parameters())
         assert ours.keys() == theirs.keys()
         for key in ours:
@@ -151,9 +153,25 @@ def test_folding_in_place_leaves_the_file_and_the_tied_embedding_alone(tmp_path)
     assert not torch.equal(lazy.W_U, lazy.W_E.T)  # W_U folded and centred, W_E not
     for name in ("W_E", "W_U"):
         torch.testing.assert_close(getattr(lazy, name), getattr(eager, name), rtol=0, atol=0)
-    for ours, theirs in zip(lazy.blocks[0].parameters(), eager.blocks[0].parameters(), strict=True):
-        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    assert lazy.blocks[0].mlp.W_in is not None  # the MLP too, read when first used
+    ours, theirs = dict(lazy.blocks[0].named_parameters()), dict(eager.blocks[0].named_parameters())
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=0)
     assert (tmp_path / "model.safetensors").read_bytes() == before
+
+
+def test_attention_steps_leave_the_mlp_unread(tmp_path, monkeypatch):
+    """The steps that read attention alone never read an MLP (at Llama-3.1-8B's shapes 704 of a
+    layer's 872 MiB in float32); the neurons step reads them, each once per layer read."""
+    lazy, reads = qkov.open_model(saved(tmp_path, "llama"), lazy=True), []
+    real = LazyMLP._read
+    monkeypatch.setattr(LazyMLP, "_read", lambda mlp: reads.append(mlp) or real(mlp))
+    attention = ["spectra", "copying", "copying_direct", "composition", "induction_check"]
+    run_steps(lazy, attention, weights_only=True)
+    assert reads == []
+    run_steps(lazy, ["neurons"], weights_only=True)
+    assert len(reads) >= lazy.cfg.n_layers
 
 
 def test_lazy_forward_runs_layer_by_layer(tmp_path):
@@ -227,9 +245,10 @@ def test_non_finite_weight_is_one_line(tmp_path):
         model.model.layers[1].mlp.up_proj.weight[3, 4] = torch.nan
     model.save_pretrained(tmp_path)
     lazy = qkov.open_model(tmp_path, lazy=True)  # nothing of layer 1 read yet
-    lazy.blocks[0]
+    assert lazy.blocks[0].mlp.W_in is not None
+    block = lazy.blocks[1]  # its attention: the MLP is read when first used
     with pytest.raises(QkovError, match="blocks.1.mlp.W_in has non-finite values") as err:
-        lazy.blocks[1]
+        block.mlp(torch.zeros(1, lazy.cfg.d_model))
     assert "\n" not in str(err.value)
 
 

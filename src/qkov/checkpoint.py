@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from tokenizers import Tokenizer
@@ -18,13 +19,14 @@ from torch import nn
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.io import atomic_write_text, checkpoint_folder, read_json
-from qkov.model import Block, Transformer
+from qkov.model import MLP, Block, Transformer
 from qkov.sizes import check_model_size
 from qkov.tensorfile import read_tensor_file, write_tensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
+M = TypeVar("M", bound=nn.Module)
 
 
 def expected_shapes(cfg: Config) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
@@ -128,25 +130,50 @@ def block_shapes(cfg: Config, layer: int, biases: bool = True) -> dict[str, tupl
 
 
 def block_from_tensors(
-    cfg: Config, layer: int, tensors: dict[str, torch.Tensor], biases: bool, dtype: torch.dtype, source: str
+    cfg: Config,
+    layer: int,
+    tensors: dict[str, torch.Tensor],
+    biases: bool,
+    dtype: torch.dtype,
+    source: str,
+    mlp: MLP | None = None,
 ) -> Block:
     """Block ``layer`` of a model of ``cfg`` holding exactly ``tensors`` (by their names in the
     model, validated as :func:`model_from_tensors` validates a model's) in ``dtype``; an absent
-    bias is zero. What a lazy model (:mod:`qkov.interop.lazy`) builds as it reads a layer."""
-    every = block_shapes(cfg, layer)
+    bias is zero. What a lazy model (:mod:`qkov.interop.lazy`) builds as it reads a layer. ``mlp``:
+    the block's MLP, built apart (a lazy model's, read when first used); ``tensors`` then hold
+    none of it."""
+    block = Block(cfg, biases, layer)
+    if mlp is not None:
+        block.mlp = mlp
+    return filled(block, f"blocks.{layer}.", tensors, dtype, source, f"layer {layer}")
+
+
+def mlp_from_tensors(
+    cfg: Config, layer: int, tensors: dict[str, torch.Tensor], biases: bool, dtype: torch.dtype, source: str
+) -> MLP:
+    """Block ``layer``'s MLP holding exactly ``tensors`` (``blocks.{layer}.mlp.…``), as
+    :func:`block_from_tensors` builds a block."""
+    return filled(MLP(cfg, biases), f"blocks.{layer}.mlp.", tensors, dtype, source, f"layer {layer}'s MLP")
+
+
+def filled(
+    module: M, prefix: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str, what: str
+) -> M:
+    """``module`` holding ``tensors`` (its parameters' names after ``prefix``), checked."""
+    every = {prefix + name: tuple(p.shape) for name, p in module.named_parameters()}
     required = {name: shape for name, shape in every.items() if not is_bias(name)}
     optional = {name: shape for name, shape in every.items() if is_bias(name)}
-    check_tensors(required, optional, tensors, source, f"layer {layer}")
-    # The block's own parameters are allocated but never written (so never resident): each is
+    check_tensors(required, optional, tensors, source, what)
+    # The module's own parameters are allocated but never written (so never resident): each is
     # replaced by its tensor, converted only when its dtype differs, so that building a block from
     # a layer read in the compute dtype copies nothing.
-    block, prefix = Block(cfg, biases, layer), f"blocks.{layer}."
-    for name, param in list(block.named_parameters()):
+    for name, param in list(module.named_parameters()):
         owner, _, leaf = name.rpartition(".")
         tensor = tensors.get(prefix + name)
         tensor = torch.zeros(param.shape, dtype=dtype) if tensor is None else tensor.detach().to(dtype)
-        setattr(block.get_submodule(owner), leaf, nn.Parameter(tensor, requires_grad=False))
-    return block.to(dtype)  # the buffers (rotary frequencies)
+        setattr(module.get_submodule(owner), leaf, nn.Parameter(tensor, requires_grad=False))
+    return module.to(dtype)  # the buffers (rotary frequencies)
 
 
 def is_bias(name: str) -> bool:

@@ -71,6 +71,13 @@ def centre_(x: Tensor, dim: int) -> Tensor:
     return x.sub_(x.mean(dim, keepdim=True))
 
 
+def holds(state: dict[str, Tensor], layer: int, part: str) -> bool:
+    """Whether ``state`` holds layer ``layer``'s attention (``part="attn"``) or MLP (``"mlp"``):
+    a lazy model folds a layer's attention when it reads the layer, its MLP when that is first
+    used."""
+    return f"blocks.{layer}.{part}.W_{'Q' if part == 'attn' else 'in'}" in state
+
+
 def reading_names(cfg: Config, layer: int) -> list[str]:
     """The names of a layer's query, key and value weights in a state dict (grouped-query attention
     stores one ``_W_K``/``_W_V`` per key/value head)."""
@@ -84,37 +91,47 @@ def fold_layer_norm(state: dict[str, Tensor], cfg: Config, layers: Iterable[int]
     read its output; with LayerNorm those are then centred (RMSNorm does not centre: nothing to
     centre for). Norms after a sublayer and query/key norms stay: their scale is computed on what
     their weight would multiply, so the weight cannot move. ``layers``: those whose tensors
-    ``state`` holds; ``ends``: whether it holds the final norm and the unembedding (a lazy model
-    folds each layer as it reads it)."""
-    centre = not cfg.is_rms
+    ``state`` holds (their attention, their MLP or both: :func:`holds`); ``ends``: whether it holds
+    the final norm and the unembedding (a lazy model folds each layer as it reads it)."""
     for layer in layers if cfg.pre_norms else ():
-        ln = f"blocks.{layer}.ln1."
-        w, b = state.pop(ln + "w"), state.pop(ln + "b", None)
-        for name in reading_names(cfg, layer):
-            W, bias = state[name], name.replace("W_", "b_")
-            if b is not None:
-                state[bias] = state[bias] + einsum(b, W, "d_model, h d_model e -> h e")
-            W.mul_(w[None, :, None])
-            if centre:
-                centre_(W, dim=1)
-        if cfg.has_mlp:
-            m, ln = f"blocks.{layer}.mlp.", f"blocks.{layer}.ln2."
-            w, b = state.pop(ln + "w"), state.pop(ln + "b", None)
-            for name in ["in"] + (["gate"] if cfg.gated_mlp else []):
-                W = state[m + f"W_{name}"]
-                if b is not None:
-                    state[m + f"b_{name}"] = state[m + f"b_{name}"] + b @ W
-                W.mul_(w[:, None])
-                if centre:
-                    centre_(W, dim=0)
+        if holds(state, layer, "attn"):
+            fold_attention_norm(state, cfg, layer)
+        if holds(state, layer, "mlp"):
+            fold_mlp_norm(state, cfg, layer)
     if not ends:
         return
     w, b = state.pop("ln_final.w"), state.pop("ln_final.b", None)
     if b is not None:
         state["b_U"] = state["b_U"] + b @ state["W_U"]
     state["W_U"].mul_(w[:, None])
-    if centre:
+    if not cfg.is_rms:
         centre_(state["W_U"], dim=0)
+
+
+def fold_attention_norm(state: dict[str, Tensor], cfg: Config, layer: int) -> None:
+    """``ln1`` into layer ``layer``'s queries, keys and values (:func:`fold_layer_norm`)."""
+    ln = f"blocks.{layer}.ln1."
+    w, b = state.pop(ln + "w"), state.pop(ln + "b", None)
+    for name in reading_names(cfg, layer):
+        W, bias = state[name], name.replace("W_", "b_")
+        if b is not None:
+            state[bias] = state[bias] + einsum(b, W, "d_model, h d_model e -> h e")
+        W.mul_(w[None, :, None])
+        if not cfg.is_rms:
+            centre_(W, dim=1)
+
+
+def fold_mlp_norm(state: dict[str, Tensor], cfg: Config, layer: int) -> None:
+    """``ln2`` into layer ``layer``'s ``W_in`` (and ``W_gate``) (:func:`fold_layer_norm`)."""
+    m, ln = f"blocks.{layer}.mlp.", f"blocks.{layer}.ln2."
+    w, b = state.pop(ln + "w"), state.pop(ln + "b", None)
+    for name in ["in"] + (["gate"] if cfg.gated_mlp else []):
+        W = state[m + f"W_{name}"]
+        if b is not None:
+            state[m + f"b_{name}"] = state[m + f"b_{name}"] + b @ W
+        W.mul_(w[:, None])
+        if not cfg.is_rms:
+            centre_(W, dim=0)
 
 
 def center_writing_weights(state: dict[str, Tensor], cfg: Config, layers: Iterable[int], ends: bool) -> None:
@@ -123,8 +140,9 @@ def center_writing_weights(state: dict[str, Tensor], cfg: Config, layers: Iterab
     ``ends`` as in :func:`fold_layer_norm`."""
     names = (["W_E"] + (["W_pos"] if cfg.positional_embedding == "standard" else [])) if ends else []
     for layer in layers:
-        names += [f"blocks.{layer}.attn.W_O", f"blocks.{layer}.attn.b_O"]
-        if cfg.has_mlp:
+        if holds(state, layer, "attn"):
+            names += [f"blocks.{layer}.attn.W_O", f"blocks.{layer}.attn.b_O"]
+        if holds(state, layer, "mlp"):
             names += [f"blocks.{layer}.mlp.W_out", f"blocks.{layer}.mlp.b_out"]
     for name in names:
         centre_(state[name], dim=-1)
@@ -140,7 +158,7 @@ def fold_value_biases(state: dict[str, Tensor], cfg: Config, layers: Iterable[in
     """Step 4, in place, for ``layers``: ``b_O += Σ_h b_V^h W_O^h``, ``b_V = 0`` (re-centred with
     LayerNorm); with grouped-query attention each query head reads its group's ``b_V``."""
     group = cfg.n_heads // cfg.n_kv_heads
-    for layer in layers:
+    for layer in (layer for layer in layers if holds(state, layer, "attn")):
         a, b_V = f"blocks.{layer}.attn.", reading_names(cfg, layer)[2].replace("W_", "b_")
         per_head = state[b_V].repeat_interleave(group, dim=0)
         b_O = state[a + "b_O"] + einsum(per_head, state[a + "W_O"], "h e, h e d -> d")
@@ -273,8 +291,9 @@ def view_config(cfg: Config) -> Config:
 
 def view_layer(cfg: Config, layer: int, block, offsets: range = ANALYSIS_OFFSETS) -> dict[str, Tensor]:
     """One folded block's tensors in :func:`circuit_view`, by their names in the view (a lazy
-    model views each layer as it reads it, by this same code). The block's tensors that the view
-    keeps as they are are shared, not copied: the caller builds from them and drops the block."""
+    model views each layer as it reads it, by this same code; its MLP, read when first used, is not
+    among them: :func:`gained` views it then). The block's tensors that the view keeps as they are
+    are shared, not copied: the caller builds from them and drops the block."""
     prefix, skipped = f"blocks.{layer}.", ("_post.", "q_norm.", "k_norm.", "._W_", "._b_")
     state = {
         prefix + name: param.detach()
@@ -282,14 +301,17 @@ def view_layer(cfg: Config, layer: int, block, offsets: range = ANALYSIS_OFFSETS
         if not any(part in "." + name for part in skipped)
     }
     state |= _view_attention(cfg, layer, block.attn, offsets)
-    for post, names in (
-        (block.ln1_post, ("attn.W_O", "attn.b_O")),
-        (block.ln2_post, ("mlp.W_out", "mlp.b_out")),
-    ):
-        for name in (prefix + n for n in names):
-            if post is not None and name in state:
-                state[name] = state[name] * post.w.detach()
+    gained(state, block.ln1_post, [prefix + "attn.W_O", prefix + "attn.b_O"])
+    gained(state, block.ln2_post, [prefix + "mlp.W_out", prefix + "mlp.b_out"])
     return state
+
+
+def gained(state: dict[str, Tensor], post, names: list[str]) -> None:
+    """The circuit view's writes through a norm after their sublayer (``post``, or None): the
+    tensors ``names`` that ``state`` holds, times its gain (a new tensor: the block's is shared)."""
+    for name in names:
+        if post is not None and name in state:
+            state[name] = state[name] * post.w.detach()
 
 
 def _view_attention(cfg: Config, layer: int, attn, offsets: range) -> dict[str, Tensor]:

@@ -44,14 +44,15 @@ from qkov.checkpoint import (
     expected_shapes,
     is_bias,
     load_tokenizer,
+    mlp_from_tensors,
 )
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.interop.fold import VIEW_FEATURES, fold_tensors, view_config, view_layer
+from qkov.interop.fold import VIEW_FEATURES, fold_tensors, gained, view_config, view_layer
 from qkov.interop.hf import Renaming, renaming
-from qkov.interop.lazy_model import LazyTransformer
+from qkov.interop.lazy_model import MLP_WEIGHTS, LazyMLP, LazyTransformer
 from qkov.interop.source import map_weights, read_config_file, weights_file
-from qkov.model import Block
+from qkov.model import MLP, Block
 from qkov.tensorfile import MappedTensor, map_tensor_file
 
 
@@ -89,15 +90,23 @@ class LazySource:
     def ends(self) -> dict[str, Tensor]:
         return owned(self.names.ends(), self.dtype)
 
-    def layer(self, layer: int) -> dict[str, Tensor]:
-        return owned(self.names.layer(layer), self.dtype)
+    def layer(self, layer: int, mlp: bool) -> dict[str, Tensor]:
+        """Layer ``layer``'s MLP (and the norm before it), or everything else of it."""
+        tensors = self.names.layer(layer)
+        return owned({name: tensors[name] for name in tensors if is_mlp(name, layer) == mlp}, self.dtype)
+
+
+def is_mlp(name: str, layer: int) -> bool:
+    """Whether a layer's tensor is its MLP's or the norm's before it (read when the MLP is)."""
+    return name.startswith((f"blocks.{layer}.mlp.", f"blocks.{layer}.ln2."))
 
 
 def owned(tensors: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
     """``tensors`` in ``dtype``, each a copy of its own (folding overwrites them: a tensor already in
     ``dtype`` would otherwise be a view of the mapped file, or of another tensor, as a tied
-    unembedding is of the embedding)."""
-    return {name: t.to(dtype, copy=True) for name, t in tensors.items()}
+    unembedding is of the embedding). Each mapped tensor is let go as soon as it is converted, so
+    that its pages of the file stop counting."""
+    return {name: tensors.pop(name).to(dtype, copy=True) for name in list(tensors)}
 
 
 def qkov_names(cfg: Config, state: Mapping[str, Tensor]) -> Renaming:
@@ -156,8 +165,8 @@ def open_lazy(folder: Path, dtype: torch.dtype | None = None) -> LazyTransformer
     cfg, ends = folded_ends(source)
     viewed, kept = any(f in VIEW_FEATURES for f in cfg.features), OrderedDict()  # blocks held, in all
     circuit = partial(circuit_lazy, source, cfg, kept) if viewed else None
-    biases = source.cfg.affine_norms or source.biases  # folding gives every bias (zeros where absent)
-    model = LazyTransformer(cfg, ends, partial(model_block, source), biases, source.dtype, circuit, kept)
+    load = partial(model_block, source)
+    model = LazyTransformer(cfg, ends, load, layer_biases(source), source.dtype, circuit, kept)
     model.tokenizer = source.tokenizer
     return model
 
@@ -172,15 +181,38 @@ def folded_ends(source: LazySource) -> tuple[Config, dict[str, Tensor]]:
 
 
 def model_block(source: LazySource, layer: int) -> Block:
-    """Block ``layer`` renamed, converted, checked and folded as a model read whole is."""
-    cfg, state = source.cfg, source.layer(layer)
+    """Block ``layer`` renamed, converted, checked and folded as a model read whole is; its MLP
+    (a :class:`~qkov.interop.lazy_model.LazyMLP`) read the same way when first used."""
+    cfg, state = folded_layer(source, layer, mlp=False)
+    mlp = LazyMLP(cfg, partial(model_mlp, source, layer)) if cfg.has_mlp else None
+    return block_from_tensors(cfg, layer, state, layer_biases(source), source.dtype, source.where, mlp)
+
+
+def model_mlp(source: LazySource, layer: int) -> MLP:
+    """Block ``layer``'s MLP, read as :func:`model_block` reads the rest."""
+    cfg, state = folded_layer(source, layer, mlp=True)
+    return mlp_from_tensors(cfg, layer, state, layer_biases(source), source.dtype, source.where)
+
+
+def folded_layer(source: LazySource, layer: int, mlp: bool) -> tuple[Config, dict[str, Tensor]]:
+    """Layer ``layer``'s MLP or the rest of it (:meth:`LazySource.layer`), converted and folded,
+    and the folded config (:func:`fold_tensors`, run on a model read whole by :func:`fold`)."""
+    cfg, state = source.cfg, source.layer(layer, mlp)
     if not cfg.affine_norms:
-        return block_from_tensors(cfg, layer, state, source.biases, source.dtype, source.where)
+        return cfg, state
     shapes = block_shapes(cfg, layer).items()
-    zeros = {name: torch.zeros(shape, dtype=source.dtype) for name, shape in shapes if is_bias(name)}
+    zeros = {
+        name: torch.zeros(shape, dtype=source.dtype)
+        for name, shape in shapes
+        if is_bias(name) and is_mlp(name, layer) == mlp
+    }
     state = zeros | state  # every bias, zeros where the model has none (as fold's)
-    cfg, _ = fold_tensors(state, cfg, [layer], ends=False)
-    return block_from_tensors(cfg, layer, state, True, source.dtype, source.where)
+    return fold_tensors(state, cfg, [layer], ends=False)[0], state
+
+
+def layer_biases(source: LazySource) -> bool:
+    """Whether a block has biases: always once folded (zeros where the model has none)."""
+    return source.cfg.affine_norms or source.biases
 
 
 def circuit_lazy(
@@ -190,14 +222,28 @@ def circuit_lazy(
     view (:func:`~qkov.interop.fold.circuit_view`) of the folded model (of config ``cfg``), one layer
     at a time, sharing the folded model's ``ends`` (the view changes no end: at Llama 3's vocabulary
     a copy of the embedding and unembedding is 2 GiB) and its ``kept`` blocks."""
-    biases = source.cfg.affine_norms or source.biases
-    load = partial(view_block, source, cfg, offsets, biases)
-    model = LazyTransformer(view_config(cfg), ends, load, biases, source.dtype, kept=kept)
+    load = partial(view_block, source, cfg, offsets)
+    model = LazyTransformer(view_config(cfg), ends, load, layer_biases(source), source.dtype, kept=kept)
     model.tokenizer = source.tokenizer
     return model
 
 
-def view_block(source: LazySource, cfg: Config, offsets: range, biases: bool, layer: int) -> Block:
-    """Block ``layer`` of the circuit view of the folded model (of config ``cfg``)."""
-    state = view_layer(cfg, layer, model_block(source, layer), offsets)
-    return block_from_tensors(view_config(cfg), layer, state, biases, source.dtype, source.where)
+def view_block(source: LazySource, cfg: Config, offsets: range, layer: int) -> Block:
+    """Block ``layer`` of the circuit view of the folded model (of config ``cfg``); its MLP read
+    when first used, from the folded block's, through the norm after it (:func:`gained`)."""
+    block = model_block(source, layer)
+    state = view_layer(cfg, layer, block, offsets)
+    mlp = None
+    if block.mlp is not None:  # holds the folded block's MLP, not read yet, and not the rest of it
+        mlp = LazyMLP(cfg, partial(view_mlp, source, layer, block.mlp, block.ln2_post))
+    viewed = view_config(cfg)
+    return block_from_tensors(viewed, layer, state, layer_biases(source), source.dtype, source.where, mlp)
+
+
+def view_mlp(source: LazySource, layer: int, mlp: MLP, post: torch.nn.Module | None) -> MLP:
+    """The circuit view's MLP of block ``layer``, from the folded block's ``mlp`` and the norm
+    after it (``post``, or None)."""
+    m = f"blocks.{layer}.mlp."
+    state = {m + name: getattr(mlp, name).detach() for name in MLP_WEIGHTS if getattr(mlp, name) is not None}
+    gained(state, post, [m + "W_out", m + "b_out"])
+    return mlp_from_tensors(source.cfg, layer, state, layer_biases(source), source.dtype, source.where)

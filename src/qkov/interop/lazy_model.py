@@ -20,9 +20,42 @@ import torch
 from torch import Tensor
 
 from qkov.config import Config
-from qkov.model import Block, Transformer
+from qkov.model import ACTIVATIONS, MLP, Block, Transformer
 
 KEEP = 2  # blocks kept built: a pass over pairs of adjacent layers reads each once
+MLP_WEIGHTS = ("W_gate", "W_in", "W_out", "b_in", "b_gate", "b_out")
+
+
+class LazyMLP(MLP):
+    """A block's MLP whose weights are read when one of them (or its forward) is first asked for:
+    ``load()`` gives the built MLP, whose weights this one takes. Until then it holds nothing, and
+    its block's ``parameters()`` list none of them: at Llama-3.1-8B's shapes the MLP is 704 of a
+    layer's 872 MiB in float32, and only the neurons step and the forward pass read it. Moves of
+    the block (``.to(...)``) before that are made on the weights as they are read."""
+
+    def __init__(self, cfg: Config, load: Callable[[], MLP]) -> None:
+        torch.nn.Module.__init__(self)
+        self.act = ACTIVATIONS[cfg.act_fn]
+        self._load: Callable[[], MLP] | None = load
+        self._moves: list[Callable[[Tensor], Tensor]] = []
+
+    def __getattr__(self, name: str):
+        if name in MLP_WEIGHTS and self.__dict__.get("_load") is not None:
+            self._read()
+            return getattr(self, name)  # a weight, or None (an attribute then, not a Parameter)
+        return super().__getattr__(name)
+
+    def _read(self) -> None:
+        mlp, self._load = self._load(), None
+        for name in MLP_WEIGHTS:  # a Parameter is registered; an absent weight stays None
+            setattr(self, name, getattr(mlp, name))
+        for move in self._moves:
+            super()._apply(move)
+
+    def _apply(self, fn, recurse=True):
+        if self._load is not None:
+            self._moves.append(fn)
+        return super()._apply(fn, recurse)
 
 
 class LazyBlocks(Sequence[Block]):
