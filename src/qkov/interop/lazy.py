@@ -13,7 +13,9 @@ is read when ``model.blocks[l]`` is asked for, renamed by the same adapter code,
 
 Each block is folded as it is read (:func:`~qkov.interop.fold.fold_tensors`, the code
 :func:`~qkov.interop.fold.fold` runs on a whole model), so that the lazy model is the folded model
-:func:`qkov.open_model` gives without ``lazy``. ``circuit_model`` of it
+:func:`qkov.open_model` gives without ``lazy``. A block's MLP is read, folded and checked apart,
+when it is first used (:class:`~qkov.interop.lazy_model.LazyMLP`): the attention steps never read
+it. ``circuit_model`` of it
 (:func:`qkov.interop.fold.circuit_model`) is the model itself, or, for a model with rotary
 positions, grouped-query attention, query/key norms or norms after each sublayer, another lazy
 model over the same mapped tensors whose blocks are turned into the circuit view
@@ -104,9 +106,13 @@ def is_mlp(name: str, layer: int) -> bool:
 def owned(tensors: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
     """``tensors`` in ``dtype``, each a copy of its own (folding overwrites them: a tensor already in
     ``dtype`` would otherwise be a view of the mapped file, or of another tensor, as a tied
-    unembedding is of the embedding). Each mapped tensor is let go as soon as it is converted, so
-    that its pages of the file stop counting."""
-    return {name: tensors.pop(name).to(dtype, copy=True) for name in list(tensors)}
+    unembedding is of the embedding), contiguous (an adapter may give a transposed view). Each
+    mapped tensor is let go as soon as it is converted, so that its pages of the file stop counting."""
+    return {name: contiguous_copy(tensors.pop(name), dtype) for name in list(tensors)}
+
+
+def contiguous_copy(tensor: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.empty(tensor.shape, dtype=dtype).copy_(tensor)
 
 
 def qkov_names(cfg: Config, state: Mapping[str, Tensor]) -> Renaming:
