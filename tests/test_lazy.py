@@ -174,6 +174,25 @@ def test_attention_steps_leave_the_mlp_unread(tmp_path, monkeypatch):
     assert len(reads) >= lazy.cfg.n_layers
 
 
+def test_each_step_reads_each_layer_a_few_times(tmp_path, monkeypatch):
+    """With one block kept (:data:`KEEP`), no weights-only step reads the layers more than three
+    times over: a step that went back and forth between layers (reading O(layers^2) blocks) would
+    fail here, on a 6-layer model."""
+    import qkov.interop.lazy as lazy_module
+
+    config = type(CASES["llama"])(**(CASES["llama"].to_dict() | {"num_hidden_layers": 6}))
+    random_hf_model(config).to(torch.bfloat16).save_pretrained(tmp_path)
+    reads, real = [], lazy_module.model_block
+    monkeypatch.setattr(
+        lazy_module, "model_block", lambda source, layer: reads.append(layer) or real(source, layer)
+    )
+    lazy = qkov.open_model(tmp_path, lazy=True)
+    for step in weight_steps(lazy.cfg):
+        reads.clear()
+        run_steps(lazy, [step], weights_only=True)
+        assert len(reads) <= 3 * 6, f"{step} read {len(reads)} blocks"
+
+
 def test_lazy_forward_runs_layer_by_layer(tmp_path):
     folder = saved(tmp_path, "gemma2")
     eager, lazy = qkov.open_model(folder), qkov.open_model(folder, lazy=True)

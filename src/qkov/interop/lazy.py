@@ -8,7 +8,7 @@ that a missing, unexpected or misshapen tensor is one line at open, as it is for
 Then the embedding, positions, final norm and unembedding are read, converted to the compute dtype
 (that of a model read whole: float32, or float64 when the renamed embedding is) and held; each block
 is read when ``model.blocks[l]`` is asked for, renamed by the same adapter code, converted, checked
-(shapes, non-finite values) and built, and only the last two built are kept
+(shapes, non-finite values) and built, and only the last one built is kept
 (:class:`~qkov.interop.lazy_model.LazyTransformer`).
 
 Each block is folded as it is read (:func:`~qkov.interop.fold.fold_tensors`, the code
