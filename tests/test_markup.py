@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from qkov.report.markup import Raw, figure, json_for_script, shown, table, tok
+from qkov.report.markup import Num, Raw, figure, json_for_script, shown, table, tok
 
 
 def test_a_table_escapes_its_cells_formats_floats_and_dashes_none():
@@ -13,6 +13,11 @@ def test_a_table_escapes_its_cells_formats_floats_and_dashes_none():
     assert "<th>a&lt;b</th>" in html and "<td>&lt;i&gt;x&lt;/i&gt;</td>" in html
     assert '<td class="num">0.123</td>' in html and "<td><b>ok</b></td>" in html and "<td>—</td>" in html
     assert '<tr class="bug">' in html and html.count("<tr") == 3
+
+
+def test_a_number_written_out_is_aligned_as_a_float_and_escaped():
+    html = table(["mean"], [[Num("0.512 ± 0.031")], [Num("<1")]])
+    assert '<td class="num">0.512 ± 0.031</td>' in html and '<td class="num">&lt;1</td>' in html
 
 
 def test_json_for_a_script_cannot_end_the_script_and_reads_back():

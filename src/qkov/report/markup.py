@@ -12,6 +12,11 @@ class Raw(str):
     """Already-escaped HTML for a table cell."""
 
 
+class Num(str):
+    """A number already written out (an estimate and its error, an interval): a table cell aligned
+    as floats are, escaped as text is."""
+
+
 def json_for_script(data: object) -> str:
     """JSON safe inside ``<script>``: no ``</script>``, no HTML entities."""
     return json.dumps(data).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
@@ -20,6 +25,8 @@ def json_for_script(data: object) -> str:
 def _cell(cell: object) -> str:
     if isinstance(cell, float):
         return f'<td class="num">{cell:.3f}</td>'
+    if isinstance(cell, Num):
+        return f'<td class="num">{esc(cell)}</td>'
     return f"<td>{cell if isinstance(cell, Raw) else esc('—' if cell is None else cell)}</td>"
 
 

@@ -3,7 +3,7 @@ and the two compared."""
 
 from __future__ import annotations
 
-from qkov.report.markup import figure, table
+from qkov.report.markup import Num, figure, table
 from qkov.report.sections.common import BLUE, GREEN, PURPLE, RED
 from qkov.report.svg import esc, scatter
 from qkov.results import Results
@@ -55,13 +55,14 @@ def copying_direct_section(r: Results) -> str:
     if not rows:
         return ""
 
-    def top1(d) -> str:
-        return f"{d.self_top1:.3f}" + (
-            "" if d.self_top1_ci is None else " [{:.3f}, {:.3f}]".format(*d.self_top1_ci)
+    def top1(d) -> Num:
+        return Num(
+            f"{d.self_top1:.3f}"
+            + ("" if d.self_top1_ci is None else " [{:.3f}, {:.3f}]".format(*d.self_top1_ci))
         )
 
-    def mean(value: float, se: float | None) -> float | str:
-        return value if se is None else f"{value:.3f} ± {se:.3f}"
+    def mean(value: float, se: float | None) -> float | Num:
+        return value if se is None else Num(f"{value:.3f} ± {se:.3f}")
 
     header = ["head", "diagonal mean", "diagonal z", "median self rank", "self is top logit", "rows ranked"]
     cells = [
