@@ -95,7 +95,8 @@ class LazySource:
     def layer(self, layer: int, mlp: bool) -> dict[str, Tensor]:
         """Layer ``layer``'s MLP (and the norm before it), or everything else of it."""
         tensors = self.names.layer(layer)
-        return owned({name: tensors[name] for name in tensors if is_mlp(name, layer) == mlp}, self.dtype)
+        tensors = {name: tensors[name] for name in tensors if is_mlp(name, layer) == mlp}  # the rest let go
+        return owned(tensors, self.dtype)
 
 
 def is_mlp(name: str, layer: int) -> bool:
