@@ -100,7 +100,7 @@ QKOV = textwrap.dedent(
     try:
         steps = ["--steps", sys.argv[3]] if sys.argv[3] else []
         device = ["--device", sys.argv[4]]
-        main(["analyze", sys.argv[1], "--weights-only", "--quiet", "--out", sys.argv[2], *steps, *device])
+        main(["analyze", sys.argv[1], sys.argv[5], "--quiet", "--out", sys.argv[2], *steps, *device])
     except SystemExit as done:
         assert not done.code, done.code
     peak = max([hwm(), *peaks.values()])
@@ -232,10 +232,10 @@ def write_checkpoint(folder: Path, s: dict, spectrum: str, device: str) -> int:
     return total
 
 
-def run_qkov(folder: Path, out: Path, steps: str, device: str) -> dict:
+def run_qkov(folder: Path, out: Path, steps: str, device: str, mode: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(SRC))
     done = subprocess.run(  # each step's line on stderr as it ends, to follow a long run
-        [sys.executable, "-c", QKOV, str(folder), str(out), steps, device],
+        [sys.executable, "-c", QKOV, str(folder), str(out), steps, device, mode],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     if done.returncode:
@@ -258,10 +258,10 @@ def run_transformer_lens(s: dict, limit: int, device: str, timeout: float) -> di
     return found
 
 
-def report(got: dict, scale: float, on_gpu: bool) -> None:
+def report(got: dict, scale: float, on_gpu: bool, mode: str) -> None:
     """qkov's total and each step's time (scaled on the CPU) and peak memory (the GPU's too)."""
     scaled = "" if on_gpu else f", {got['total'] * scale:.1f} s scaled"
-    print(f"qkov analyze --weights-only: {got['total']:.1f} s wall{scaled}, peak {got['peak'] / GiB:.2f} GiB")
+    print(f"qkov analyze {mode}: {got['total']:.1f} s wall{scaled}, peak {got['peak'] / GiB:.2f} GiB")
     for step, seconds in got["steps"].items():
         peak = f"peak {got['peaks'][step] / GiB:5.2f} GiB"
         if on_gpu:
@@ -294,6 +294,12 @@ def main() -> None:
     parser.add_argument("--tl-timeout", type=float, default=1800, help="seconds TransformerLens may run")
     parser.add_argument("--no-tl", action="store_true", help="leave TransformerLens out")
     parser.add_argument("--steps", default="", help="qkov analyze --steps (default: every weights-only step)")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="every step, behaviour included (qkov analyze --lazy: each forward pass reads the layers "
+        "again), not --weights-only",
+    )
     args = parser.parse_args()
     s = dict(SHAPES[args.shape], vocab=VOCAB.get(args.shape, 128256))
     s["layers"] = args.layers or s["layers"]
@@ -315,7 +321,9 @@ def main() -> None:
         size = write_checkpoint(Path(tmp) / "model", s, args.spectrum, args.device)
         shards = len(list((Path(tmp) / "model").glob("*.safetensors")))
         print(f"written: {size / GiB:.2f} GiB in {shards} shards, {time.perf_counter() - started:.0f} s")
-        report(run_qkov(Path(tmp) / "model", Path(tmp) / "out", args.steps, args.device), scale, on_gpu)
+        mode = "--lazy" if args.full else "--weights-only"
+        got = run_qkov(Path(tmp) / "model", Path(tmp) / "out", args.steps, args.device, mode)
+        report(got, scale, on_gpu, mode)
     if args.no_tl:
         return
     limit = "its GPU's memory" if on_gpu else f"address space limited to {args.tl_limit:g} GiB"

@@ -386,3 +386,32 @@ def test_analyze_weights_only_reads_safetensors_layer_by_layer(tmp_path, capsys)
     (pickled / "config.json").write_text((folder / "config.json").read_text())
     torch.save(random_hf_model(CASES["llama"]).state_dict(), pickled / "pytorch_model.bin")
     assert reads_lazily(folder) and not reads_lazily(pickled)
+
+
+def test_analyze_lazy_runs_the_behaviour_steps_layer_by_layer(tmp_path, capsys):
+    """``qkov analyze --lazy`` runs the steps with forward passes on the lazy model too (each pass
+    reads the layers again), with the results of the model read whole; a folder the lazy reader
+    cannot map is one line, before anything is read."""
+    from qkov.cli import main
+    from qkov.results import load_results
+
+    folder = saved(tmp_path / "hf", "llama")
+    steps = "repeated_tokens,term_importance,ablation,neurons"
+    main(["analyze", str(folder), "--lazy", "--steps", steps, "--quiet", "--out", str(tmp_path / "out")])
+    assert "read layer by layer from the mapped files (--lazy)" in capsys.readouterr().err
+    main(["analyze", str(folder), "--steps", steps, "--quiet", "--out", str(tmp_path / "eager")])
+    capsys.readouterr()
+    lazy, eager = (load_results(tmp_path / out / "results.json") for out in ("out", "eager"))
+    assert lazy.repeated_tokens is not None and lazy.neurons is not None
+    for step in ("repeated_tokens", "term_importance", "ablation", "neurons"):
+        assert_same(getattr(lazy, step), getattr(eager, step), step)
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((folder / "config.json").read_text())
+    torch.save(random_hf_model(CASES["llama"]).state_dict(), pickled / "pytorch_model.bin")
+    with pytest.raises(SystemExit) as stopped:
+        main(["analyze", str(pickled), "--lazy", "--out", str(tmp_path / "no")])
+    err = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and "\n" not in err and "Traceback" not in err
+    assert err.startswith("qkov: error: ") and "--lazy reads Hugging Face and qkov safetensors" in err
+    assert not (tmp_path / "no").exists()

@@ -93,6 +93,30 @@ def test_every_cached_activation_is_transformer_lens(pair):
         torch.testing.assert_close(cache[name], theirs[name], rtol=0, atol=TOLERANCE, msg=name)
 
 
+def test_names_filter_keeps_what_transformer_lens_keeps(pair):
+    """``run_with_cache(names_filter=...)`` as TransformerLens takes it (a name, a list, a function):
+    the same logits bit for bit, and the cache holds the named activations, equal to theirs."""
+    model, hooked = pair
+    tokens = model.to_tokens(TEXTS[2], prepend_bos=True)
+    full_logits, _ = model.run_with_cache(tokens)
+    for names_filter in (
+        "blocks.1.attn.hook_pattern",
+        ["hook_embed", "blocks.0.attn.hook_result"],
+        lambda name: name.endswith("hook_pattern"),
+    ):
+        logits, cache = model.run_with_cache(tokens, names_filter=names_filter)
+        _, theirs = hooked.run_with_cache(tokens, names_filter=names_filter)
+        assert torch.equal(logits, full_logits)
+        assert sorted(cache) == sorted(theirs.keys()) and len(cache) >= 1
+        for name in cache:
+            torch.testing.assert_close(cache[name], theirs[name], rtol=0, atol=TOLERANCE, msg=name)
+    # a name that is no hook point is an error here (TransformerLens caches nothing for it)
+    with pytest.raises(qkov.QkovError, match="no hook point 'blocks.0.hook_resid'"):
+        model.run_with_cache(tokens, names_filter=["blocks.0.hook_resid"])
+    with pytest.raises(qkov.QkovError, match="names_filter is a hook name, a list of them"):
+        model.run_with_cache(tokens, names_filter=3)
+
+
 def test_the_cache_reads_transformer_lens_short_keys(pair):
     model, hooked = pair
     _, cache = model.run_with_cache(model.to_tokens(TEXTS[1]))

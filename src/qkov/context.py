@@ -25,11 +25,13 @@ from qkov.model import AttnOnlyTransformer
 
 REPEATS = 3  # repeated random tokens: each sequence is a random period repeated this often
 REPEAT_BATCH = 32
-# The head scores' run keeps every pattern, head write and logit of its batch (run_with_cache), so
+# The head scores' run kept every pattern, head write and logit of its batch (run_with_cache), so
 # its batch is cut to fit this (circuits/budget.py), down to budget.TRUSTED: at GPT-2 small's shapes
 # and n_ctx 1024 one sequence of 1023 tokens caches about 1.7 GB, so the batch is 8 sequences of
 # period 57 (172 tokens with the start token, 1.4 GB); the default models' 32 x 126 tokens take
-# about 0.1 GB and are not cut.
+# about 0.1 GB and are not cut. The run now keeps the patterns and logits alone; the budget is
+# unchanged, so that the batch, and the scores, are those of earlier versions (at Llama-3.2-1B's
+# shapes the floor of 8 x 128 tokens no longer holds 4 GiB of head writes).
 REPEATED_CACHE_BYTES = 1.5 * 2**30
 # Ablations and term importance rerun the model (or its unembedding) many times per token: each runs
 # on a batch cut to this many FLOP (circuits/budget.py), down to budget.TRUSTED (8 x 128 tokens)

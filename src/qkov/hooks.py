@@ -84,15 +84,45 @@ class Hooks:
         return activation
 
 
-class Recorder:
-    """Each activation of a run: through the hooks (when any), then into ``cache`` by its name."""
+def names_kept(names_filter: object, points: Sequence[str]) -> Callable[[str], bool]:
+    """TransformerLens' ``names_filter`` of ``run_with_cache`` as a test of a hook name: None keeps
+    every activation, a name (one of ``points``) that one, a list of names those, a function
+    ``filter(name) -> bool`` those it accepts."""
+    if names_filter is None:
+        return lambda name: True
+    if callable(names_filter):
+        return names_filter
+    names = [names_filter] if isinstance(names_filter, str) else names_filter
+    if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
+        raise QkovError(
+            "names_filter is a hook name, a list of them or a function of one, got "
+            f"{type(names_filter).__name__}"
+        )
+    unknown = [name for name in names if name not in points]
+    if unknown:
+        raise QkovError(
+            f"no hook point {unknown[0]!r} in this model (qkov.names.hook_points(model.cfg) lists them)"
+        )
+    kept = set(names)
+    return kept.__contains__
 
-    def __init__(self, hooks: Hooks | None = None) -> None:
-        self.hooks = hooks
+
+def patterns_only(name: str) -> bool:
+    """The ``names_filter`` of a run whose cache keeps every attention pattern and nothing else."""
+    return name.endswith("hook_pattern")
+
+
+class Recorder:
+    """Each activation of a run: through the hooks (when any), then into ``cache`` by its name when
+    ``keep(name)`` (every one by default)."""
+
+    def __init__(self, hooks: Hooks | None = None, keep: Callable[[str], bool] | None = None) -> None:
+        self.hooks, self.keep = hooks, keep
         self.cache: dict[str, Tensor] = {}
 
     def __call__(self, name: str, activation: Tensor) -> Tensor:
         if self.hooks is not None:
             activation = self.hooks(name, activation)
-        self.cache[name] = activation
+        if self.keep is None or self.keep(name):
+            self.cache[name] = activation
         return activation

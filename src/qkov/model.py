@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from qkov.cache import ActivationCache
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.hooks import HookFn, Hooks, Recorder
+from qkov.hooks import HookFn, Hooks, Recorder, names_kept
 from qkov.loss import unembed_cross_entropy
 from qkov.names import hook_name, hook_points, norm_name, scale_hook
 from qkov.rotary import frequencies, rotate
@@ -537,6 +537,7 @@ class Transformer(nn.Module):
         edit_writes: Callable[[int, Tensor], Tensor] | None = None,
         start: tuple[int, Float[Tensor, "runs pos d_model"]] | None = None,
         fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
+        names_filter: str | Sequence[str] | Callable[[str], bool] | None = None,
     ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]:
         """Logits and every activation, under TransformerLens' hook names (section "Residual Stream":
         the final stream is the start of the stream plus every layer's write).
@@ -568,9 +569,15 @@ class Transformer(nn.Module):
 
         ``fwd_hooks``: TransformerLens' ``(name or filter, fn)`` pairs (:mod:`qkov.hooks`), each
         ``fn(activation, hook)`` returning the activation to use from there on, or None.
+
+        ``names_filter``: which activations the cache keeps, as TransformerLens takes it (a hook
+        name, a list of them, or ``filter(name) -> bool``; None: every one; a name that is no hook
+        point is an error, where TransformerLens keeps nothing for it). The run and its logits are
+        the same; a run that reads only the patterns, say, does not hold every head's write.
         """
-        hooks = Hooks(fwd_hooks, hook_points(self.cfg)) if fwd_hooks else None
-        record = Recorder(hooks)
+        points = hook_points(self.cfg)
+        hooks = Hooks(fwd_hooks, points) if fwd_hooks else None
+        record = Recorder(hooks, None if names_filter is None else names_kept(names_filter, points))
         logits = self._run(self.check_tokens(tokens), patterns, edit_writes, start, record)
         return logits, ActivationCache(record.cache, self.cfg, self.ln_final)
 

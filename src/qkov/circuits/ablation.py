@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from jaxtyping import Float, Int
@@ -28,6 +29,7 @@ from qkov.circuits.heads import after_start, induction_scores, pattern_offset_at
 from qkov.config import Config
 from qkov.data.random_tokens import loss_per_repeat
 from qkov.errors import QkovError
+from qkov.hooks import patterns_only
 from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, hook_name, parse_head
@@ -181,7 +183,9 @@ def ablation_effects(
     from the clean run's residual stream there (the layers before it see nothing of the ablation),
     with the ablations of one layer stacked along the batch (``FORWARD_TOKENS`` at a time)."""
     tokens, modes = model.check_tokens(tokens), [check_mode(mode) for mode in modes]
-    logits, cache = clean_run if clean_run is not None else model.run_with_cache(tokens)
+    kept = ("hook_pattern", "hook_result", "hook_resid_pre")  # what the clean run is read for
+    clean_run = clean_run or model.run_with_cache(tokens, names_filter=lambda name: name.endswith(kept))
+    logits, cache = clean_run
     clean = repeat_behaviour(logits, cache, tokens, period, start)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     per_forward = max(1, FORWARD_TOKENS // tokens.numel())
@@ -242,7 +246,9 @@ def _ablated_from(
         return out
 
     resid = clean[hook_name(layer, "resid_pre")].repeat(n, 1, 1)
-    logits, cache = model.run_with_cache(tokens, edit_writes=edit, start=(layer, resid))
+    # n runs stacked: only their patterns are read (every head's write would be n times the clean run's)
+    run = partial(model.run_with_cache, names_filter=patterns_only)
+    logits, cache = run(tokens, edit_writes=edit, start=(layer, resid))
     targets = tokens[:, start + 1 :].repeat(n, 1)
     losses = token_losses(logits[:, start:-1], targets).unflatten(0, (n, batch))  # [runs, batch, pos - 1]
     shape = (n, model.cfg.n_layers, model.cfg.n_heads)

@@ -73,7 +73,7 @@ def attribution_patching(
         return out
 
     with torch.enable_grad():
-        logits, _ = model.run_with_cache(tokens, edit_writes=keep)
+        logits, _ = model.run_with_cache(tokens, edit_writes=keep, names_filter=[])
         value = metric(logits)
         grads = torch.autograd.grad(value, writes)
     estimates = []

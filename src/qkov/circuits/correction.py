@@ -241,7 +241,7 @@ def minimal_circuit(
                     writes[:, :, index] = 0.0 if write is None else write
             return writes
 
-        logits, _ = model.run_with_cache(tokens, patterns=frozen.patterns, edit_writes=edit)
+        logits, _ = model.run_with_cache(tokens, patterns=frozen.patterns, edit_writes=edit, names_filter=[])
         return repeated_part_loss(logits, tokens, period, start)
 
     full = loss({})

@@ -40,6 +40,7 @@ from qkov.circuits.budget import forward_flop, unembed_flop
 from qkov.config import Config
 from qkov.data.user_tokens import IGNORE
 from qkov.errors import QkovError
+from qkov.hooks import patterns_only
 from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
 from qkov.loss import shifted_exp_
@@ -79,7 +80,7 @@ def frozen_patterns(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
     (``model.run_with_cache(tokens, patterns=...)``): the logits of an attention-only model without
     LayerNorm are then linear in the one-hot tokens (section "OV and QK Independence")."""
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens)
+        _, cache = model.run_with_cache(tokens, names_filter=patterns_only)
     return [cache[hook_name(layer, "pattern")] for layer in range(model.cfg.n_layers)]
 
 
@@ -95,12 +96,17 @@ class Frozen:
     mlp_writes: list[Tensor]
 
 
+def _frozen_name(name: str) -> bool:
+    """Whether :func:`freeze` reads the activation of hook ``name``."""
+    return name.endswith(("hook_pattern", "hook_scale", "hook_mlp_out"))
+
+
 def freeze(
     model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], patterns: Patterns | None = None
 ) -> Frozen:
     """Record :class:`Frozen` from a run on ``tokens`` (with ``patterns`` frozen when given)."""
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, patterns=patterns)
+        _, cache = model.run_with_cache(tokens, patterns=patterns, names_filter=_frozen_name)
     n = model.cfg.n_layers
     norms = [norm_name(layer, ln) for layer in range(n) for ln in ("ln1", "ln2", "ln1_post", "ln2_post")] + [
         norm_name(None, "ln_final")

@@ -57,6 +57,13 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         "weights are read one layer at a time, so memory does not grow with the depth",
     )
     p.add_argument(
+        "--lazy",
+        action="store_true",
+        help="read safetensors weights one layer at a time for every step, as --weights-only does: "
+        "memory grows with the width and the batch, not the depth, and each forward pass reads every "
+        "layer again from the mapped files (slower); for a model too big to hold in float32",
+    )
+    p.add_argument(
         "--steps",
         metavar="A,B,...",
         type=step_names,
@@ -114,6 +121,10 @@ def analyze_command(args: argparse.Namespace) -> None:
 
         check_selection(args.steps, args.weights_only, bool(args.corpus), args.tokens is not None)
     folder = checked_checkpoint(args.checkpoint)  # a mistyped path is told before torch loads
+    from qkov.interop.lazy import reads_lazily
+
+    if args.lazy and not (folder.is_dir() and reads_lazily(folder)):
+        raise QkovError(f"{args.checkpoint}: --lazy reads Hugging Face and qkov safetensors folders only")
     from qkov.distributed import default_threads, launched_by_torchrun, process_group, run_workers
     from qkov.io import atomic_write_text, check_writable_folder
     from qkov.machine import compute_device
@@ -164,14 +175,16 @@ def analysed(args: argparse.Namespace, folder: Path, processes: Processes) -> Re
     from qkov.machine import compute_device, return_freed_blocks
     from qkov.training_log import read_training_log
 
-    lazy = args.weights_only and reads_lazily(folder)  # no forward pass: one layer in memory at a time
+    # no forward pass, or one asked for layer by layer: one layer in memory at a time
+    lazy = (args.weights_only or args.lazy) and reads_lazily(folder)
     if lazy:
         return_freed_blocks()  # each layer's temporaries go back to the system, not to glibc's heap
     device = worker_device(compute_device(args.device), processes)
     model = checked_weights(load(folder, lazy=lazy), args.checkpoint).to(device)
     show = not args.quiet and processes.is_main
     if lazy and processes.is_main:
-        console.print("weights read layer by layer from the mapped files (--weights-only)", highlight=False)
+        flag = "--weights-only" if args.weights_only else "--lazy"
+        console.print(f"weights read layer by layer from the mapped files ({flag})", highlight=False)
     corpus = None
     if args.corpus:
         if model.tokenizer is None:
