@@ -49,13 +49,27 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def replacement(writes: Float[Tensor, "batch pos n_heads d_model"], head: int, mode: str) -> Tensor | float:
+def replacement(writes: Float[Tensor, "batch pos n_heads d"], head: int, mode: str) -> Tensor | float:
     """What ``head``'s write becomes under ``mode`` (:data:`CHOICES`), broadcastable to
     ``writes[:, :, head]``: 0, its per-position mean ``[pos, d_model]`` over the batch, or its
     mean over batch and positions ``[d_model]``."""
     if check_mode(mode) == "zero":
         return 0.0
     return writes[:, :, head].mean(0 if mode == "mean" else (0, 1))
+
+
+def replaced_write(
+    z: Float[Tensor, "batch pos n_heads d_head"],
+    W_O: Float[Tensor, "n_heads d_head d_model"],
+    head: int,
+    mode: str,
+) -> Tensor | float:
+    """:func:`replacement` from the heads' ``z`` (``hook_z``) instead of their writes: a head's
+    write is ``z_h @ W_O^h``, so its means are its ``z``'s means through ``W_O^h`` (the same numbers
+    to float rounding), and a clean run that keeps ``z`` holds ``d_model / d_head`` times less than
+    one that keeps the writes (4 GiB against 128 MiB at Llama-3.2-1B's shapes on 8 x 130 tokens)."""
+    value = replacement(z, head, mode)
+    return value if check_mode(mode) == "zero" else value @ W_O[head]
 
 
 @dataclass(frozen=True)
@@ -183,7 +197,7 @@ def ablation_effects(
     from the clean run's residual stream there (the layers before it see nothing of the ablation),
     with the ablations of one layer stacked along the batch (``FORWARD_TOKENS`` at a time)."""
     tokens, modes = model.check_tokens(tokens), [check_mode(mode) for mode in modes]
-    kept = ("hook_pattern", "hook_result", "hook_resid_pre")  # what the clean run is read for
+    kept = ("hook_pattern", "hook_z", "hook_resid_pre")  # what the clean run is read for
     clean_run = clean_run or model.run_with_cache(tokens, names_filter=lambda name: name.endswith(kept))
     logits, cache = clean_run
     clean = repeat_behaviour(logits, cache, tokens, period, start)
@@ -234,8 +248,8 @@ def _ablated_from(
     (earlier layers' entries are NaN: the ablation cannot reach them). ``repeats`` is the period
     and the first position of the repeats (:func:`repeat_behaviour`)."""
     (period, start), batch, n = repeats, tokens.shape[0], len(group)
-    writes = clean[hook_name(layer, "result")]
-    replacements = [replacement(writes, head, mode) for head, mode in group]
+    z, W_O = clean[hook_name(layer, "z")], model.blocks[layer].attn.W_O
+    replacements = [replaced_write(z, W_O, head, mode) for head, mode in group]
 
     def edit(at_layer: int, out: Tensor) -> Tensor:
         if at_layer != layer:
