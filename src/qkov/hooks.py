@@ -114,15 +114,15 @@ def patterns_only(name: str) -> bool:
 
 class Recorder:
     """Each activation of a run: through the hooks (when any), then into ``cache`` by its name when
-    ``keep(name)`` (every one by default)."""
+    ``keep(name)`` (:func:`names_kept`)."""
 
-    def __init__(self, hooks: Hooks | None = None, keep: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, hooks: Hooks | None, keep: Callable[[str], bool]) -> None:
         self.hooks, self.keep = hooks, keep
         self.cache: dict[str, Tensor] = {}
 
     def __call__(self, name: str, activation: Tensor) -> Tensor:
         if self.hooks is not None:
             activation = self.hooks(name, activation)
-        if self.keep is None or self.keep(name):
+        if self.keep(name):
             self.cache[name] = activation
         return activation

@@ -577,7 +577,7 @@ class Transformer(nn.Module):
         """
         points = hook_points(self.cfg)
         hooks = Hooks(fwd_hooks, points) if fwd_hooks else None
-        record = Recorder(hooks, None if names_filter is None else names_kept(names_filter, points))
+        record = Recorder(hooks, names_kept(names_filter, points))
         logits = self._run(self.check_tokens(tokens), patterns, edit_writes, start, record)
         return logits, ActivationCache(record.cache, self.cfg, self.ln_final)
 

@@ -60,8 +60,9 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> None:
         "--lazy",
         action="store_true",
         help="read safetensors weights one layer at a time for every step, as --weights-only does: "
-        "memory grows with the width and the batch, not the depth, and each forward pass reads every "
-        "layer again from the mapped files (slower); for a model too big to hold in float32",
+        "memory grows with the width and the batch, not the depth (but for the ablation step's backward "
+        "pass), and each forward pass reads every layer again from the mapped files (slower); for a "
+        "model too big to hold in float32",
     )
     p.add_argument(
         "--steps",
