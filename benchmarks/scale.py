@@ -21,6 +21,8 @@ Times are scaled to a 100 GFLOP/s float32 core (wall x the one-thread matmul rat
         --steps spectra,copying --no-tl         # what one layer of 8B costs, and the fixed part
     flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.1-70b-width \
         --steps spectra,copying,composition --no-tl
+    flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.2-1b --full --no-tl
+                                        # every step, behaviour included (qkov analyze --lazy)
     python benchmarks/scale.py --shape tiny            # the script itself, in a few seconds
     python benchmarks/scale.py --shape llama-3.1-8b --device cuda    # on one GPU (gpu_checks.sh)
 
