@@ -33,6 +33,7 @@ LAYERS = (
         "config",
         "names",
         "linalg",
+        "tall",
         "topk",
         "loss",
         "machine",

@@ -295,7 +295,8 @@ MEASURE = textwrap.dedent(
     with open("/proc/self/clear_refs", "w") as f:  # the peak so far (the imports') forgotten
         f.write("5")
     before = status("VmRSS:")
-    model = qkov.open_model(sys.argv[1], lazy=sys.argv[2] == "lazy")
+    modes = {"eager": {}, "lazy": {"lazy": True, "narrow": False}, "narrow": {"lazy": True, "narrow": True}}
+    model = qkov.open_model(sys.argv[1], **modes[sys.argv[2]])
     run_steps(model, sys.argv[3].split(","), weights_only=True)
     print(json.dumps((status("VmHWM:") - before) * 1024))
     """
@@ -307,7 +308,7 @@ MEMORY_STEPS = (  # every step that reads weights alone and applies to a Llama
 WIDTH = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2048)
 
 
-def peak_bytes(folder: Path, mode: str) -> int:
+def peak_bytes(folder: Path, mode: str, steps: str = MEMORY_STEPS) -> int:
     """Peak RSS growth (bytes) of a weights-only analysis in a fresh process, over its RSS after
     its imports: Linux's ``VmHWM``, the imports' own peak reset through ``/proc/self/clear_refs``.
     Not ``ru_maxrss``: a child's starts at its parent's RSS when it forked (kept across exec), so
@@ -318,7 +319,7 @@ def peak_bytes(folder: Path, mode: str) -> int:
     env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(folder), mode, MEMORY_STEPS],
+        [sys.executable, "-c", MEASURE, str(folder), mode, steps],
         capture_output=True, text=True, env=env, check=True, timeout=600,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -364,6 +365,81 @@ def test_lazy_peak_memory_does_not_grow_with_depth(tmp_path):
     report += f"eager {eager[2] / MiB:.0f} -> {eager[16] / MiB:.0f} MiB"
     assert lazy[16] - lazy[2] <= bound, report
     assert eager[16] - eager[2] > bound, report
+
+
+# -- narrow ends ---------------------------------------------------------------------------------
+NARROW_STEPS = [step.name for step in STEPS if step.narrow_ends]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_narrow_ends_equal_the_model_read_whole(tmp_path, name):
+    """A lazy model holding its embedding and unembedding narrow (read a block of tokens at a time,
+    folded as read) gives the results of the model read whole in every step that runs on it; its
+    ends, block by block, are the whole model's folded ends (the unembedding's mean over the
+    vocabulary taken apart, in float64: to float rounding)."""
+    folder = saved(tmp_path, name, shard=None if name == "opt" else "20KB")
+    eager, lazy = qkov.open_model(folder), qkov.open_model(folder, lazy=True, narrow=True)
+    assert lazy.narrow and lazy.cfg == eager.cfg
+    E, U = circuit_model(lazy).outer_factors()
+    whole = circuit_model(eager)
+    torch.testing.assert_close(torch.cat([rows for _, rows in E.blocks(7)]), whole.W_E, rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat([rows for _, rows in U.mT.blocks(7)]).mT, whole.W_U)
+    torch.testing.assert_close(lazy.b_U, eager.b_U)
+    steps = [step for step in weight_steps(eager.cfg) if step in NARROW_STEPS]
+    assert {"spectra", "copying", "composition"} <= set(steps)
+    assert_same(run_steps(eager, steps, weights_only=True), run_steps(lazy, steps, weights_only=True))
+
+
+def test_narrow_model_runs_only_what_reads_its_ends_by_blocks(tmp_path, monkeypatch, capsys):
+    """A narrow model refuses, in one line, a forward pass and the steps that read its ends whole;
+    ``qkov analyze --weights-only`` of a model whose ends would take more than
+    :data:`~qkov.interop.lazy.WHOLE_ENDS_BYTES` (made small here) holds them narrow by itself and
+    says why each other step did not run; ``narrow=`` without ``lazy`` is one line."""
+    import qkov.interop.lazy as lazy_module
+    from qkov.analyze import NARROW_REASON
+    from qkov.cli import main
+    from qkov.results import load_results
+
+    folder = saved(tmp_path / "hf", "llama")
+    model = qkov.open_model(folder, lazy=True, narrow=True)
+    with pytest.raises(QkovError, match="holds its embedding and unembedding narrow"):
+        model(torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(QkovError, match="steps copying_direct: reads the embedding or unembedding whole"):
+        run_steps(model, ["copying_direct"], weights_only=True)
+    with pytest.raises(QkovError, match="give lazy=True"):
+        qkov.open_model(folder, narrow=True)
+    assert not qkov.open_model(folder, lazy=True).narrow  # small ends: held whole, by default
+    monkeypatch.setattr(lazy_module, "WHOLE_ENDS_BYTES", 0)
+    assert qkov.open_model(folder, lazy=True).narrow
+    main(["analyze", str(folder), "--weights-only", "--quiet", "--out", str(tmp_path / "out")])
+    capsys.readouterr()
+    written = load_results(tmp_path / "out" / "results.json")
+    assert set(written.steps.ran) == set(NARROW_STEPS) & set(weight_steps(model.cfg))
+    for step in ("copying_direct", "qk_position_content", "neurons"):
+        assert written.skipped[step] == NARROW_REASON
+    eager = qkov.analyze(qkov.open_model(folder), show_progress=False, steps=written.steps.ran)
+    for step in ("spectra", "copying", "composition", "gqa_groups"):
+        assert_same(getattr(written, step), getattr(eager, step), step)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's clear_refs")
+def test_narrow_ends_are_never_held_whole(tmp_path):
+    """A Llama of a wide vocabulary (131,072 x 512: float32 ends of 512 MiB, 256 MiB stored) through
+    the narrow steps: holding the ends narrow peaks at least 200 MiB below holding them whole
+    (their float32 copies, less what the narrow model maps of the stored ones; measured: 717 and
+    389 MiB, the model read whole 2065)."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024,
+        vocab_size=131072, num_hidden_layers=2, max_position_embeddings=256,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="100MB")
+    steps = "spectra,copying,composition,induction_check"
+    peaks = {mode: peak_bytes(tmp_path, mode, steps) for mode in ("lazy", "narrow")}
+    assert peaks["narrow"] < peaks["lazy"] - 200 * MiB, {mode: peak // MiB for mode, peak in peaks.items()}
 
 
 def test_analyze_weights_only_reads_safetensors_layer_by_layer(tmp_path, capsys):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import qkov
 from qkov import FactoredMatrix, linalg
+from qkov.tall import TallMatrix
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SHARED_PROPERTY = settings(PROPERTY, max_examples=30)
@@ -543,3 +544,46 @@ def test_float64_gram_is_remembered_while_its_tensor_lives_unchanged():
     del W
     other = torch.full(shape, 3.0)  # may reuse the freed memory: never the old Gram
     torch.testing.assert_close(linalg.float64_gram(other), torch.full((6, 6), 450.0, dtype=torch.float64))
+
+
+def tall(X: torch.Tensor) -> TallMatrix:
+    """``X [m, d]`` as a :class:`~qkov.tall.TallMatrix` whose rows are read from a copy of it, block
+    by block (where a narrow lazy model's reader converts and folds its stored rows)."""
+    rows = X.clone()
+    return TallMatrix(lambda start, stop: rows[start:stop], tuple(X.shape), X.dtype, X.device)
+
+
+@SHARED_PROPERTY
+@given(shared(), st.integers(1, 4))
+def test_tall_outer_factors_give_what_whole_ones_give(sfm, rows):
+    """Outer factors read ``rows`` rows at a time (:class:`~qkov.tall.TallMatrix`) give the float32
+    path's norm, singular values, eigenvalues, trace and factors, to float32 rounding; one tall
+    factor and its ``.mT`` (a full QK circuit) share one root."""
+    single = sfm.to(torch.float32)
+    left = tall(single.left)
+    right = left.mT if single._right_is_left_transposed else tall(single.right.mT).mT
+    streamed = qkov.SharedFactoredMatrix(left, single.inner, right)
+    assert streamed._right_is_left_transposed == single._right_is_left_transposed
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(linalg, "GRAM_ROWS", rows)
+        got = [streamed.norm(), streamed.singular_values(), streamed.factored().AB]
+        expected = [single.norm(), single.singular_values(), single.factored().AB]
+        if sfm.m == sfm.n:
+            got += [streamed.trace(), (streamed.eigenvalues(torch.float64) ** 2).sum(-1)]
+            expected += [single.trace(), (single.eigenvalues(torch.float64) ** 2).sum(-1)]
+    scale = shared_tolerance(sfm) / 1e-10
+    for a, b in zip(got, expected, strict=True):  # the squared eigenvalues' sum: of the scale squared
+        close(a.numpy(), b.numpy(), FLOAT32_TOLERANCE * scale ** (2 if a.dtype == torch.complex128 else 1))
+
+
+def test_tall_matrix_is_read_by_blocks_of_its_long_dimension_only():
+    X = tall(torch.arange(12.0).reshape(6, 2))
+    assert X.shape == (6, 2) and X.mT.shape == (2, 6) and X.mT.mT.same_as(X)
+    torch.testing.assert_close(X[1:3], torch.tensor([[2.0, 3.0], [4.0, 5.0]]))
+    torch.testing.assert_close(X.mT[:, 4:], torch.tensor([[8.0, 10.0], [9.0, 11.0]]))
+    for key in ((slice(None), slice(0, 2)), 3, slice(0, 4, 2)):
+        with pytest.raises(qkov.QkovError, match="read by blocks of its long dimension only"):
+            X[key]
+    with pytest.raises(qkov.QkovError, match="read by blocks"):
+        X.mT[0:2]
+    assert X.to(torch.float32) is X and X.to(torch.float64)[0:1].dtype == torch.float64

@@ -59,9 +59,11 @@ from qkov.data.user_tokens import UserTokens
 from qkov.errors import QkovError
 from qkov.interop import open_model
 from qkov.interop.fold import circuit_notes
+from qkov.interop.lazy import WHOLE_ENDS_BYTES
 from qkov.model import AttnOnlyTransformer
 from qkov.results import EVERY_STEP, Results, StepsRun
 from qkov.sizes import check_weight_magnitudes
+from qkov.tall import TallMatrix
 from qkov.training_log import TrainingPoint, read_training_log
 
 SPECTRUM_TOP_K = 10  # singular values kept per head
@@ -84,7 +86,9 @@ class Step:
     what it reads besides the weights (``--weights-only`` runs the steps that need nothing more):
     ``WEIGHTS`` nothing (no forward pass, no tokens), ``TOKENS`` tokens (it runs the model on them,
     or reads the corpus), ``EITHER`` tokens where the run has them (a corpus, the user's data, the
-    random batches), else the weights alone."""
+    random batches), else the weights alone. ``narrow_ends``: it reads the embedding and the
+    unembedding only through :meth:`~qkov.model.Transformer.outer_factors` (or not at all), so it
+    runs on a lazy model that holds them narrow (:func:`qkov.interop.lazy.narrow_ends`)."""
 
     name: str
     title: str
@@ -101,6 +105,7 @@ class Step:
     needs_feature: str | None = None
     not_under: tuple[str, ...] = ()
     inputs: str = "weights"
+    narrow_ends: bool = False
 
     def skip_reason(self, cfg: Config, has_corpus: bool, has_user_data: bool = False) -> str | None:
         """Why the step does not apply to a model of ``cfg`` with this data, in a few words; None
@@ -236,14 +241,15 @@ STEPS: tuple[Step, ...] = (
         "bigram", "Direct path as a bigram table", lambda ctx: compare_bigrams(ctx.model, ctx.counts),
         needs_corpus=True, needs_square=True, inputs=TOKENS,
     ),
-    Step("spectra", "Spectra of every head", lambda ctx: all_spectra(ctx.circuit, SPECTRUM_TOP_K), 1),
+    Step("spectra", "Spectra of every head", lambda ctx: all_spectra(ctx.circuit, SPECTRUM_TOP_K), 1,
+         narrow_ends=True),
     Step(
         "copying_direct", "Direct copying measures", lambda ctx: default_direct_copying(ctx.circuit), 1,
         weight=2, needs_square=True,
     ),
     Step(
         "copying", "Copying (OV eigenvalues)", lambda ctx: copying_analysis(ctx.circuit), 1,
-        needs_square=True,
+        needs_square=True, narrow_ends=True,
     ),
     Step(
         "copying_comparison", "Eigenvalues against direct copying",
@@ -259,18 +265,19 @@ STEPS: tuple[Step, ...] = (
     Step("attention_examples", "Attention patterns", attention_step, 1, inputs=TOKENS),
     Step("qk_position_content", "Position versus content", lambda ctx: qk_position_content(ctx.circuit), 1),
     Step("rotary_bands", "Rotary heads by frequency", lambda ctx: rotary_bands(ctx.model), 1,
-         needs_feature="rotary positions"),
+         needs_feature="rotary positions", narrow_ends=True),
     Step("gqa_groups", "Grouped-query attention: heads of a group side by side",
-         lambda ctx: group_similarity(ctx.model), 1, needs_feature="grouped-query attention"),
+         lambda ctx: group_similarity(ctx.model), 1, needs_feature="grouped-query attention",
+         narrow_ends=True),
     Step("term_importance", "Term importance", term_importance_step, 1, weight=2, needs_targets=True,
          not_under=PATHS, inputs=TOKENS),
     Step("skip_trigrams", "Skip-trigrams", skip_trigram_step, 1, max_layers=1, weight=2, needs_square=True,
          inputs=EITHER),
-    Step("composition", "Composition scores", lambda ctx: composition(ctx.circuit), 2),
+    Step("composition", "Composition scores", lambda ctx: composition(ctx.circuit), 2, narrow_ends=True),
     Step(
         "induction_check", "Induction mechanism (K-composition)",
         lambda ctx: induction_checks(ctx.circuit, ctx.done["copying"]), 2, reads=("copying",),
-        needs_square=True,
+        needs_square=True, narrow_ends=True,
     ),
     Step(
         "induction_mechanism", "Induction mechanism (score attribution)", induction_mechanism_step, 2,
@@ -296,6 +303,17 @@ STEPS: tuple[Step, ...] = (
          inputs=TOKENS),
 )  # fmt: skip
 STEP_NAMES = tuple(step.name for step in STEPS)
+NARROW_REASON = (
+    f"reads the embedding or unembedding whole: this lazy model holds them narrow (more than "
+    f"{WHOLE_ENDS_BYTES / 2**30:g} GiB in float32)"
+)
+
+
+def holds_narrow(model: AttnOnlyTransformer) -> bool:
+    """Whether ``model`` holds its embedding and unembedding narrow (a lazy model of a wide
+    vocabulary: :func:`qkov.interop.lazy.narrow_ends`), so that only the steps that read them
+    through :meth:`~qkov.model.Transformer.outer_factors` run on it."""
+    return isinstance(model.outer_factors()[0], TallMatrix)
 
 
 # -- running them ----------------------------------------------------------------------------------
@@ -323,8 +341,10 @@ def analyze(
     no forward pass and no tokens (:func:`plan_steps`). ``Results.steps`` says which ran and how
     they were chosen, ``Results.skipped`` why each other step did not run.
     Every step computes where the model's weights are (``model.to("cuda")`` to analyse on a GPU)."""
-    cfg = model.cfg
-    plan, skipped = plan_steps(cfg, corpus_tokens is not None, user_tokens is not None, steps, weights_only)
+    cfg, narrow = model.cfg, holds_narrow(model)
+    plan, skipped = plan_steps(
+        cfg, corpus_tokens is not None, user_tokens is not None, steps, weights_only, narrow
+    )
     done = run_steps(model, plan.ran, corpus_tokens, seed, show_progress, user_tokens, weights_only)
     log = training_log or []
     strings = token_strings(model.tokenizer, cfg.d_vocab)
@@ -365,12 +385,14 @@ def plan_steps(
     has_user_data: bool = False,
     names: Sequence[str] | None = None,
     weights_only: bool = False,
+    narrow: bool = False,
 ) -> tuple[StepsRun, dict[str, str]]:
     """Which steps run, in registry order, and why each other one does not. The steps are those
     named (``names``, each with the steps it reads, which run too and are said to: ``added``),
     else all; with ``weights_only``, of those, the ones whose ``inputs`` are not ``TOKENS``; of
-    those, the ones that apply to the model and data (:meth:`Step.skip_reason`) and whose every
-    read step runs. Refuses what :func:`check_selection` refuses."""
+    those, the ones that apply to the model and data (:meth:`Step.skip_reason`), to a model that
+    holds its ends narrow when ``narrow`` (:attr:`Step.narrow_ends`), and whose every read step
+    runs. Refuses what :func:`check_selection` refuses."""
     check_selection(names, weights_only, has_corpus, has_user_data)
     wanted = _with_reads(names) if names is not None else set(STEP_NAMES)
     skipped: dict[str, str] = {}
@@ -381,6 +403,7 @@ def plan_steps(
             "reads tokens, not the weights alone (--weights-only)" if weights_only and step.inputs == TOKENS
             else None,
             step.skip_reason(cfg, has_corpus, has_user_data),
+            NARROW_REASON if narrow and not step.narrow_ends else None,
             f"reads {', '.join(unread)}, which did not run" if unread else None,
         )  # fmt: skip
         reason = next((r for r in reasons if r is not None), None)
@@ -428,6 +451,9 @@ def run_steps(
         raise QkovError(f"no analysis step {', '.join(unknown)}")
     wanted = _with_reads(names)
     steps = [s for s in STEPS if s.name in wanted]
+    whole = [s.name for s in steps if not s.narrow_ends]
+    if whole and holds_narrow(model):
+        raise QkovError(f"steps {', '.join(whole)}: {NARROW_REASON}")
     model = model.eval()
     done: dict[str, Any] = {}
     ctx = Context.of(model, corpus_tokens, seed, MappingProxyType(done), user_tokens, weights_only)

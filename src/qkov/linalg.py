@@ -31,6 +31,7 @@ from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
 from qkov.errors import QkovError
+from qkov.tall import TallMatrix
 from qkov.topk import LEAF, largest_entries
 
 DEFAULT_MEMORY_BYTES = 2**30  # the top-k budget: at most about 1 GiB of product entries at once
@@ -391,6 +392,8 @@ def outer_root(X: Float[Tensor, "m d"]) -> Float[Tensor, "k d"]:
     thin QR ``X = Q R`` (``Q`` never formed), backward stable, which a Gram in the same precision
     is not.
     """
+    if isinstance(X, TallMatrix):  # never whole: its Gram, accumulated a block of rows at a time
+        return gram_root(float64_gram(X), min(X.shape)).to(X.dtype)
     if X.dtype not in WIDER:
         return torch.linalg.qr(X, mode="r").R
     return gram_root(float64_gram(X).to(WIDER[X.dtype]), min(X.shape)).to(X.dtype)
@@ -403,7 +406,13 @@ def float64_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
     bands, the induction check, neurons), each ``2 d_vocab d_model^2`` FLOP (a teraFLOP at Llama 3's
     vocabulary and width 2048). Alive means the tensor ``X`` views is (a parameter, not a detached
     copy of it, whose life ends with the call): while it lives, no other tensor's data is at its
-    address."""
+    address. A :class:`~qkov.tall.TallMatrix`'s is kept with it, for its life."""
+    if isinstance(X, TallMatrix):
+        key = ("gram", X.transposed)
+        if key not in X.grams:
+            with torch.no_grad():
+                X.grams[key] = wide_gram(X).to(torch.float64)
+        return X.grams[key]
     base = X if X._base is None else X._base
     key = (X.data_ptr(), tuple(X.shape), tuple(X.stride()), X.dtype, X.device, X._version)
     for stale in [k for k, (alive, _) in _GRAMS.items() if alive() is None]:
@@ -422,14 +431,16 @@ KEPT_GRAMS = 2  # an embedding's and an unembedding's
 _GRAMS: dict[tuple, tuple[weakref.ref, Tensor]] = {}
 
 
-def wide_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
-    """``X^T X`` in the wider precision of :data:`WIDER`, ``GRAM_ROWS`` rows widened at a time."""
+def wide_gram(X: Float[Tensor, "m d"] | TallMatrix) -> Float[Tensor, "d d"]:
+    """``X^T X`` in the wider precision of :data:`WIDER` (float64 for a :class:`~qkov.tall.TallMatrix`
+    of any dtype), ``GRAM_ROWS`` rows widened at a time."""
     m, d = X.shape
-    gram = torch.zeros(d, d, dtype=WIDER[X.dtype], device=X.device)
+    tall = isinstance(X, TallMatrix)
+    gram = torch.zeros(d, d, dtype=torch.float64 if tall else WIDER[X.dtype], device=X.device)
     # one buffer, reused (no fresh pages per block), laid out as X is: a transposed view (W_U^T) is
     # copied along its contiguous columns, 4x faster than into rows
     rows = min(GRAM_ROWS, m)
-    if X.stride(0) == 1 and d > 1:
+    if not tall and X.stride(0) == 1 and d > 1:
         buffer = torch.empty(d, rows, dtype=gram.dtype, device=X.device).mT
     else:
         buffer = torch.empty(rows, d, dtype=gram.dtype, device=X.device)
@@ -438,8 +449,11 @@ def wide_gram(X: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
     return gram.triu() + gram.triu(1).mT
 
 
-def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    """Whether ``a`` and ``b`` view the same memory the same way (two views of one tensor)."""
+def _same_tensor(a: Tensor | TallMatrix, b: Tensor | TallMatrix) -> bool:
+    """Whether ``a`` and ``b`` view the same memory the same way (two views of one tensor), or are
+    the same :class:`~qkov.tall.TallMatrix` in the same orientation."""
+    if isinstance(a, TallMatrix) or isinstance(b, TallMatrix):
+        return isinstance(a, TallMatrix) and a.same_as(b)
     return (
         a.data_ptr() == b.data_ptr()
         and a.shape == b.shape
@@ -449,11 +463,11 @@ def _same_tensor(a: Tensor, b: Tensor) -> bool:
 
 
 def wide_product(
-    X: Float[Tensor, "e m"], Y: Float[Tensor, "m d"], dtype: torch.dtype
+    X: Float[Tensor, "e m"] | TallMatrix, Y: Float[Tensor, "m d"] | TallMatrix, dtype: torch.dtype
 ) -> Float[Tensor, "e d"]:
     """``X @ Y`` in ``dtype``, :data:`GRAM_ROWS` of the ``m`` inner rows converted at a time (the
-    product itself when the factors are in ``dtype`` already)."""
-    if X.dtype == dtype and Y.dtype == dtype:
+    product itself when the factors are tensors in ``dtype`` already)."""
+    if isinstance(X, Tensor) and isinstance(Y, Tensor) and X.dtype == dtype and Y.dtype == dtype:
         return X @ Y
     out = torch.zeros(X.shape[0], Y.shape[1], dtype=dtype, device=X.device)
     for start in range(0, Y.shape[0], GRAM_ROWS):
@@ -506,13 +520,19 @@ class SharedFactoredMatrix:
     have the same norm and singular values (``m x n`` against ``min(m, d) x min(n, e)``); and for
     square products the nonzero eigenvalues and the trace are those of the ``r x r`` matrix
     ``B (R L) A`` (``λ(XY) = λ(YX)``), with ``R L`` (``e x d``) computed once.
-    Nothing ``m`` or ``n`` long is built per matrix unless asked for (:meth:`factored`).
+    Nothing ``m`` or ``n`` long is built per matrix unless asked for (:meth:`factored`). So ``L``
+    and ``R`` may be :class:`~qkov.tall.TallMatrix` (``R`` as one's ``.mT``), never held whole in
+    the compute dtype: their roots and ``R L`` are accumulated a block of rows at a time.
     """
 
     def __init__(
-        self, left: Float[Tensor, "m d"], inner: FactoredMatrix, right: Float[Tensor, "e n"]
+        self,
+        left: Float[Tensor, "m d"] | TallMatrix,
+        inner: FactoredMatrix,
+        right: Float[Tensor, "e n"] | TallMatrix,
     ) -> None:
-        if not (isinstance(left, Tensor) and isinstance(right, Tensor) and isinstance(inner, FactoredMatrix)):
+        outer = (Tensor, TallMatrix)
+        if not (isinstance(left, outer) and isinstance(right, outer) and isinstance(inner, FactoredMatrix)):
             raise QkovError("SharedFactoredMatrix needs a tensor, a FactoredMatrix and a tensor")
         if left.ndim != 2 or right.ndim != 2:
             raise QkovError(

@@ -416,6 +416,13 @@ class Transformer(nn.Module):
         """Where the weights are (every analysis computes there)."""
         return self.W_E.device
 
+    def outer_factors(self) -> tuple[Float[Tensor, "d_vocab d_model"], Float[Tensor, "d_model d_out"]]:
+        """``W_E`` and ``W_U`` as the full circuits read them (section "Summarizing OV/QK Matrices":
+        the shared outer factors of :class:`~qkov.linalg.SharedFactoredMatrix`): the parameters
+        themselves; a lazy model whose ends are held narrow gives :class:`~qkov.tall.TallMatrix`
+        ones, read a block of rows at a time."""
+        return self.W_E, self.W_U
+
     @property
     def has_biases(self) -> bool:
         return self.b_U is not None

@@ -97,7 +97,7 @@ def check_weight_magnitudes(tensors: dict[str, torch.Tensor], source: str) -> No
     """One :class:`QkovError` line naming the first tensor with a value above :data:`MAX_WEIGHT` in
     magnitude (a damaged file, bits flipped in an exponent), before an analysis overflows on it."""
     for name, tensor in tensors.items():
-        if tensor.numel() and tensor.dtype.is_floating_point:
+        if tensor.numel() and tensor.dtype.is_floating_point and not tensor.is_meta:  # meta: no data (narrow)
             low, high = torch.aminmax(tensor.detach())  # no |tensor| made: Llama 3's W_U is 2 GiB
             largest = max(-float(low), float(high))
             if largest > MAX_WEIGHT:

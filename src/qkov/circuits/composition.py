@@ -119,8 +119,9 @@ def _score_writer_group(
     cfg, fro = model.cfg, torch.linalg.matrix_norm
     needed = {"V", "O"} | ({"Q", "K"} if {"Q", "K"} & set(kinds) else set())
     # the group's writers: R_V W_O rows, [layer_from, (head_from d_head), d_model], and their OV norms
-    left = model.W_E.new_empty(len(writers), cfg.n_heads * cfg.d_head, cfg.d_model)
-    ov_norms = model.W_E.new_empty(len(writers), cfg.n_heads)
+    like = dict(dtype=model.W_E.dtype, device=model.device)  # a narrow model's W_E has no data to copy
+    left = torch.empty(len(writers), cfg.n_heads * cfg.d_head, cfg.d_model, **like)
+    ov_norms = torch.empty(len(writers), cfg.n_heads, **like)
     for layer in range(writers.start, cfg.n_layers):
         f = _layer_factors(model.blocks[layer].attn, needed)
         ov_norm = fro(f["RV"] @ f["RO"].mT)
@@ -236,7 +237,7 @@ def k_composition_positivity(
     out = torch.full(shape, math.nan, dtype=torch.float64, device=model.device)
     per_layer = 2 * cfg.n_heads * cfg.d_head * cfg.d_model * model.W_E.element_size()
     with torch.no_grad():
-        gram = float64_gram(model.W_E)  # W_E^T W_E, d_model x d_model
+        gram = float64_gram(model.outer_factors()[0])  # W_E^T W_E, d_model x d_model
         for writers in writer_groups(cfg.n_layers, per_layer, memory_bytes):
             _positivity_writer_group(model, gram, writers, out)
     return out

@@ -61,7 +61,8 @@ def group_similarity(model: Transformer) -> list[GroupSimilarity]:
         return []
     view = circuit_model(model)
     # in float64, a block of rows at a time: no float64 copy of W_E or W_U (2 GiB each at Llama 3's)
-    gram_e, gram_u = float64_gram(view.W_E), float64_gram(view.W_U.mT)
+    W_E, W_U = view.outer_factors()
+    gram_e, gram_u = float64_gram(W_E), float64_gram(W_U.mT)
     size, found = cfg.n_heads // cfg.n_kv_heads, []
     for layer, block in enumerate(view.blocks):
         attn = block.attn.requires_grad_(False)

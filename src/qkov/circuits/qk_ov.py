@@ -112,9 +112,10 @@ def _full(
     view: AttnOnlyTransformer, circuit: Literal["OV", "QK"], layers: Sequence[int] | None
 ) -> SharedFactoredMatrix:
     """The full OV or QK circuits of a model that is its own circuit model already."""
+    W_E, W_U = view.outer_factors()
     if circuit == "OV":
-        return SharedFactoredMatrix(view.W_E, _ov(view, layers), view.W_U)
-    return SharedFactoredMatrix(view.W_E, _qk(view, layers) * view.cfg.d_head**-0.5, view.W_E.mT)
+        return SharedFactoredMatrix(W_E, _ov(view, layers), W_U)
+    return SharedFactoredMatrix(W_E, _qk(view, layers) * view.cfg.d_head**-0.5, W_E.mT)
 
 
 def full_circuits_by_layer(

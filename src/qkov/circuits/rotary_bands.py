@@ -76,7 +76,7 @@ def rotary_bands(model: Transformer) -> RotaryBands:
     if cfg.positional_embedding != "rotary":
         raise ValueError("rotary_bands needs a model with rotary positions")
     view = circuit_model(model, range(0, 1))  # gains and scale in the weights, no rotation (offset 0)
-    gram = float64_gram(view.W_E)
+    gram = float64_gram(view.outer_factors()[0])
     first, second = plane_index(cfg)
     groups = [torch.tensor([a, b]) for a, b in zip(first.tolist(), second.tolist(), strict=True)]
     groups.append(torch.arange(rotary_dim(cfg), cfg.d_head))

@@ -73,7 +73,7 @@ def folder_kind(src: Path, config: str | os.PathLike | None = None) -> str:
     )
 
 
-def open_model(path: str | os.PathLike, lazy: bool = False) -> Transformer:
+def open_model(path: str | os.PathLike, lazy: bool = False, narrow: bool | None = None) -> Transformer:
     """Any model folder, as ``qkov analyze``, ``info`` and ``serve`` take it: a qkov checkpoint is
     loaded (:func:`qkov.load`); a Hugging Face folder (any family of :mod:`qkov.interop.adapters`,
     one ``model.safetensors`` or shards with ``model.safetensors.index.json``) or a TransformerLens
@@ -85,10 +85,15 @@ def open_model(path: str | os.PathLike, lazy: bool = False) -> Transformer:
     With ``lazy`` (Hugging Face and qkov safetensors folders), nothing but the embeddings, the final
     norm and the unembedding is read at open: each layer is read from the memory-mapped weights when
     it is used, and the weight-based analyses read the model folded layer by layer, in memory that
-    does not grow with the depth (:mod:`qkov.interop.lazy`)."""
+    does not grow with the depth (:mod:`qkov.interop.lazy`). ``narrow`` (with ``lazy``): whether
+    the embedding and unembedding are held narrow, read a block of tokens at a time by the circuits
+    alone (:func:`qkov.interop.lazy.narrow_ends`); by default when in float32 they would take more
+    than :data:`qkov.interop.lazy.WHOLE_ENDS_BYTES`."""
     folder = checkpoint_folder(resolve_source(path))
+    if narrow is not None and not lazy:
+        raise QkovError("narrow= holds a lazy model's embeddings narrow: give lazy=True with it")
     if lazy:
-        return open_lazy(folder)
+        return open_lazy(folder, narrow=narrow)
     data = read_config_file(folder / "config.json")
     if "positional_embedding" in data or "model_type" not in data and not _is_transformer_lens(data):
         return load(folder)

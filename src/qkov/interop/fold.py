@@ -167,7 +167,7 @@ def fold_value_biases(state: dict[str, Tensor], cfg: Config, layers: Iterable[in
 
 
 def fold_tensors(
-    state: dict[str, Tensor], cfg: Config, layers: Iterable[int], ends: bool
+    state: dict[str, Tensor], cfg: Config, layers: Iterable[int], ends: bool, centre_unembed: bool = True
 ) -> tuple[Config, str | None]:
     """The four steps (see the module docstring), in place, on the tensors of ``layers`` that
     ``state`` holds (every bias present, zeros where the model has none) and, with ``ends``, on
@@ -175,7 +175,9 @@ def fold_tensors(
     could not be done exactly. :func:`fold` runs it on a whole model, a lazy model on one layer at a
     time, so that both fold by the same code. ``state``'s tensors are the caller's own, not shared
     with anything else: they are overwritten (at Llama 3's vocabulary a copy of the unembedding made
-    to scale or centre it is 2 GiB)."""
+    to scale or centre it is 2 GiB). Without ``centre_unembed`` step 3 is left to the caller (a
+    narrow lazy model folds its unembedding a block of the vocabulary at a time: the mean over
+    ``d_vocab`` is not one block's)."""
     layers, note = list(layers), None
     if cfg.affine_norms and cfg.positional_embedding == "shortformer":
         note = SHORTFORMER_NOTE
@@ -184,10 +186,16 @@ def fold_tensors(
         cfg = replace(cfg, normalization="RMSPre" if cfg.is_rms else "LNPre")
     if centres(cfg):
         center_writing_weights(state, cfg, layers, ends)
-    if ends and cfg.output_logits_soft_cap is None:  # a soft-cap is not shift-invariant
+    if ends and centre_unembed and centres_unembed(cfg):
         center_unembed(state)
     fold_value_biases(state, cfg, layers)
     return cfg, note
+
+
+def centres_unembed(cfg: Config) -> bool:
+    """Whether the unembedding is centred over ``d_vocab`` (step 3): not under a soft-cap, which
+    is not shift-invariant."""
+    return cfg.output_logits_soft_cap is None
 
 
 def centres(cfg: Config) -> bool:

@@ -50,12 +50,26 @@ from qkov.checkpoint import (
 )
 from qkov.config import Config
 from qkov.errors import QkovError
-from qkov.interop.fold import VIEW_FEATURES, fold_tensors, gained, view_config, view_layer
+from qkov.interop.fold import (
+    VIEW_FEATURES,
+    centres_unembed,
+    fold_tensors,
+    gained,
+    view_config,
+    view_layer,
+)
 from qkov.interop.hf import Renaming, renaming
 from qkov.interop.lazy_model import MLP_WEIGHTS, LazyMLP, LazyTransformer
 from qkov.interop.source import map_weights, read_config_file, weights_file
 from qkov.model import MLP, Block
+from qkov.sizes import check_weight_magnitudes
+from qkov.tall import TallMatrix
 from qkov.tensorfile import MappedTensor, map_tensor_file
+
+# Above this many bytes of embedding and unembedding in the compute dtype, a lazy model holds them
+# narrow (narrow_ends): Llama-3.1-8B's are 3.9 GiB in float32 and stay whole, as before;
+# Llama-3.1-70B's are 7.8 GiB, more than the 8 GB its one-layer analysis is to fit in.
+WHOLE_ENDS_BYTES = 4 * 2**30
 
 
 class MappedState(Mapping[str, Tensor]):
@@ -164,16 +178,20 @@ def lazy_source(folder: Path, dtype: torch.dtype | None = None) -> LazySource:
     return LazySource(names, dtype, biases, str(weights), tokenizer)
 
 
-def open_lazy(folder: Path, dtype: torch.dtype | None = None) -> LazyTransformer:
+def open_lazy(folder: Path, dtype: torch.dtype | None = None, narrow: bool | None = None) -> LazyTransformer:
     """The lazy model of a Hugging Face or qkov folder (see the module docstring), folded as
     :func:`qkov.open_model` folds a model it reads whole; ``dtype``: the compute dtype, by default
-    a model read whole's."""
+    a model read whole's; ``narrow``: whether its embedding and unembedding are held narrow
+    (:func:`narrow_ends`), by default when they would take more than :data:`WHOLE_ENDS_BYTES`."""
     source = lazy_source(folder, dtype)
-    cfg, ends = folded_ends(source)
+    cfg = source.cfg
+    if narrow is None:
+        narrow = (cfg.d_vocab + cfg.d_out) * cfg.d_model * source.dtype.itemsize > WHOLE_ENDS_BYTES
+    cfg, ends, tall = narrow_ends(source) if narrow else (*folded_ends(source), None)
     viewed, kept = any(f in VIEW_FEATURES for f in cfg.features), OrderedDict()  # blocks held, in all
     circuit = partial(circuit_lazy, source, cfg, kept) if viewed else None
     load = partial(model_block, source)
-    model = LazyTransformer(cfg, ends, load, layer_biases(source), source.dtype, circuit, kept)
+    model = LazyTransformer(cfg, ends, load, layer_biases(source), source.dtype, circuit, kept, tall)
     model.tokenizer = source.tokenizer
     return model
 
@@ -185,6 +203,68 @@ def folded_ends(source: LazySource) -> tuple[Config, dict[str, Tensor]]:
         return cfg, ends
     ends.setdefault("b_U", torch.zeros(cfg.d_out, dtype=source.dtype))
     return fold_tensors(ends, cfg, [], ends=True)[0], ends
+
+
+def narrow_ends(source: LazySource) -> tuple[Config, dict[str, Tensor], dict[str, TallMatrix]]:
+    """The model's config, its ends but the embedding and unembedding (converted and folded as
+    :func:`folded_ends` folds them), and those two held narrow: :class:`~qkov.tall.TallMatrix`
+    over the stored tensors, each block of rows converted and folded when it is read, by the same
+    code (:func:`folded_block`). Folding is block by block but for what spans the vocabulary, done
+    here in one pass over the unembedding: ``b_U`` (``ln_final``'s bias through ``W_U``) and step
+    3's mean over ``d_vocab`` (taken in float64). The results equal the whole model's to float
+    rounding. The stored tensors' magnitudes are checked here."""
+    cfg, stored = source.cfg, source.names.ends()
+    tall = {name: stored.pop(name) for name in ("W_E", "W_U")}  # the mapped bytes, never copied whole
+    check_weight_magnitudes(tall, source.where)
+    raw, mean = owned(stored, source.dtype), torch.zeros(cfg.d_model, 1, dtype=source.dtype)
+    if cfg.affine_norms:
+        raw.setdefault("b_U", torch.zeros(cfg.d_out, dtype=source.dtype))
+    fold = partial(folded_block, source, raw, tall)  # every block folded from the stored ends
+    ends = raw
+    if cfg.affine_norms:
+        biases, total = [], torch.zeros(cfg.d_model, dtype=torch.float64)
+        for start in range(0, cfg.d_out, UNEMBED_ROWS):
+            block = fold("W_U", start, min(start + UNEMBED_ROWS, cfg.d_out))[1]
+            biases.append(block["b_U"])
+            total += block["W_U"].sum(1, dtype=torch.float64)
+        cfg, ends = fold("W_E", 0, 0)  # the folded config and ends, no token of W_E or W_U
+        ends["b_U"] = torch.cat(biases)
+        if centres_unembed(cfg):  # step 3 over the whole vocabulary, as fold_tensors does it
+            mean = (total / cfg.d_out).to(source.dtype)[:, None]
+            ends["b_U"] -= ends["b_U"].mean()
+    ends = {name: value for name, value in ends.items() if name not in tall}
+
+    def embedding(start: int, stop: int) -> Tensor:
+        return fold("W_E", start, stop)[1]["W_E"]
+
+    def unembedding(start: int, stop: int) -> Tensor:  # rows of W_U^T: the tokens' unembeddings
+        return (fold("W_U", start, stop)[1]["W_U"] - mean).mT
+
+    E = TallMatrix(embedding, (cfg.d_vocab, cfg.d_model), source.dtype, "cpu")
+    U = TallMatrix(unembedding, (cfg.d_out, cfg.d_model), source.dtype, "cpu")
+    return cfg, ends, {"W_E": E, "W_U": U.mT}
+
+
+UNEMBED_ROWS = 4096  # tokens of the unembedding folded at once for its mean: 128 MiB at width 8192
+
+
+def folded_block(
+    source: LazySource, small: dict[str, Tensor], stored: dict[str, Tensor], name: str, start: int, stop: int
+) -> tuple[Config, dict[str, Tensor]]:
+    """Tokens ``start:stop`` of the stored ``name`` (``W_E``'s rows or ``W_U``'s columns), converted
+    and, with the model's norms' weights, folded with the other ends (``small``, converted, not
+    folded; with the unembedding its block of ``b_U``) by :func:`fold_tensors`, step 3 left out:
+    the folded config, and the ends so folded, the other of ``W_E`` and ``W_U`` empty."""
+    cfg, dtype = source.cfg, source.dtype
+    state = {key: value.clone() for key, value in small.items() if key != "b_U"}
+    rows = slice(start, stop) if name == "W_U" else slice(0, 0)
+    state["W_E"] = contiguous_copy(stored["W_E"][start:stop] if name == "W_E" else stored["W_E"][:0], dtype)
+    state["W_U"] = contiguous_copy(stored["W_U"][:, rows], dtype)
+    if "b_U" in small:
+        state["b_U"] = small["b_U"][rows].clone()
+    if not cfg.affine_norms:
+        return cfg, state
+    return fold_tensors(state, cfg, [], ends=True, centre_unembed=False)[0], state
 
 
 def model_block(source: LazySource, layer: int) -> Block:
@@ -223,14 +303,22 @@ def layer_biases(source: LazySource) -> bool:
 
 
 def circuit_lazy(
-    source: LazySource, cfg: Config, kept: OrderedDict, ends: dict[str, Tensor], offsets: range
+    source: LazySource,
+    cfg: Config,
+    kept: OrderedDict,
+    ends: dict[str, Tensor],
+    offsets: range,
+    narrow: dict[str, TallMatrix] | None = None,
 ) -> LazyTransformer:
     """The lazy model :func:`qkov.interop.fold.circuit_model` gives for ``offsets``: the circuit
     view (:func:`~qkov.interop.fold.circuit_view`) of the folded model (of config ``cfg``), one layer
     at a time, sharing the folded model's ``ends`` (the view changes no end: at Llama 3's vocabulary
-    a copy of the embedding and unembedding is 2 GiB) and its ``kept`` blocks."""
+    a copy of the embedding and unembedding is 2 GiB), its ``narrow`` ends if it holds them so,
+    and its ``kept`` blocks."""
     load = partial(view_block, source, cfg, offsets)
-    model = LazyTransformer(view_config(cfg), ends, load, layer_biases(source), source.dtype, kept=kept)
+    model = LazyTransformer(
+        view_config(cfg), ends, load, layer_biases(source), source.dtype, kept=kept, narrow=narrow
+    )
     model.tokenizer = source.tokenizer
     return model
 

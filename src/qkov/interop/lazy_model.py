@@ -20,12 +20,18 @@ import torch
 from torch import Tensor
 
 from qkov.config import Config
+from qkov.errors import QkovError
 from qkov.model import ACTIVATIONS, MLP, Block, Transformer
+from qkov.tall import TallMatrix
 
 # Blocks kept built: one, so that a block's weights asked for one after another are read once. No
 # analysis reads a layer twice in a row: with two kept each step read as many layers (measured),
 # and at Llama-3.1-8B's shapes the second block is 256 MiB (its attention) to 960 MiB (with its MLP).
 KEEP = 1
+NARROW_FORWARD = (
+    "this lazy model holds its embedding and unembedding narrow (their float32 copies would not fit): "
+    "its weights are read by the circuits alone, not run; open it with narrow=False to run it"
+)
 MLP_WEIGHTS = ("W_gate", "W_in", "W_out", "b_in", "b_gate", "b_out")
 
 
@@ -106,7 +112,13 @@ class LazyTransformer(Transformer):
     ``circuit(ends, offsets)`` gives the lazy model the weight-based circuits read
     (:func:`qkov.interop.fold.circuit_model`) on these ends; None when this model is that already.
     ``kept``: the built blocks, shared with the other lazy models of the same source
-    (:class:`LazyBlocks`)."""
+    (:class:`LazyBlocks`).
+
+    ``narrow``: ``W_E`` and ``W_U`` held *narrow*, as :class:`~qkov.tall.TallMatrix` read a block of
+    rows at a time from their stored tensors (:func:`qkov.interop.lazy.narrow_ends`), for a model
+    whose ends in the compute dtype would not fit. Its ``W_E`` and ``W_U`` parameters then hold no
+    data (PyTorch's meta device): the analyses that read the ends through
+    :meth:`outer_factors` alone run on it; its forward pass is refused in one line."""
 
     def __init__(
         self,
@@ -115,19 +127,38 @@ class LazyTransformer(Transformer):
         load: Callable[[int], Block],
         biases: bool,
         dtype: torch.dtype,
-        circuit: Callable[[dict[str, Tensor], range], LazyTransformer] | None = None,
+        circuit: Callable[..., LazyTransformer] | None = None,
         kept: OrderedDict | None = None,
+        narrow: dict[str, TallMatrix] | None = None,
     ) -> None:
-        device = next(iter(ends.values())).device
+        narrow = narrow or {}
+        device = next(iter({**narrow, **ends}.values())).device
         with torch.device("meta"):
             super().__init__(cfg, biases, init=False)
         del self.blocks
         for name, param in list(self.named_parameters()):  # the ends themselves, not copies of them
             owner, _, leaf = name.rpartition(".")
-            value = ends[name] if name in ends else torch.zeros(param.shape, dtype=dtype, device=device)
+            if name in narrow:
+                value = torch.empty(param.shape, dtype=narrow[name].dtype, device="meta")
+            else:
+                value = ends[name] if name in ends else torch.zeros(param.shape, dtype=dtype, device=device)
             setattr(self.get_submodule(owner), leaf, torch.nn.Parameter(value, requires_grad=False))
         self.blocks: Sequence[Block] = LazyBlocks(cfg.n_layers, load, kept)
-        self._circuit, self._circuits = circuit, {}
+        self._circuit, self._circuits, self.narrow = circuit, {}, narrow
+
+    @property
+    def device(self) -> torch.device:
+        return self.narrow["W_E"].device if self.narrow else super().device
+
+    def outer_factors(self) -> tuple[Tensor | TallMatrix, Tensor | TallMatrix]:
+        if self.narrow:
+            return self.narrow["W_E"], self.narrow["W_U"]
+        return super().outer_factors()
+
+    def forward(self, *args, **kwargs) -> Tensor:
+        if self.narrow:
+            raise QkovError(NARROW_FORWARD)
+        return super().forward(*args, **kwargs)
 
     def circuit(self, offsets: range) -> LazyTransformer:
         """The lazy circuit model for ``offsets`` (built once per range of offsets), or this one."""
@@ -135,14 +166,22 @@ class LazyTransformer(Transformer):
             return self
         key = (offsets.start, offsets.stop, offsets.step)
         if key not in self._circuits:  # on this model's ends as they are now (moved or not)
-            view = self._circuit(dict(self.named_parameters()), offsets)
+            view = self._circuit(dict(self.named_parameters()), offsets, self.narrow)
             for move in self.blocks.moves:  # a no-op on the ends moved already: the rest, the blocks
                 view._apply(move)
             self._circuits[key] = view
         return self._circuits[key]
 
     def _apply(self, fn, recurse=True):  # what .to, .cuda, .double... call: the ends, then each block
-        super()._apply(fn, recurse)
+        if self.narrow:  # a narrow end moved as each of its blocks is read; its data-less parameter kept
+            self.narrow = {name: matrix.apply(fn) for name, matrix in self.narrow.items()}
+            held = {name: self._parameters.pop(name) for name in self.narrow}
+            super()._apply(fn, recurse)
+            for name, param in held.items():
+                empty = torch.empty(param.shape, dtype=self.narrow[name].dtype, device="meta")
+                self._parameters[name] = torch.nn.Parameter(empty, requires_grad=False)
+        else:
+            super()._apply(fn, recurse)
         self.blocks.moves.append(fn)
         self.blocks.forget()
         self._circuits = {}  # views share the ends: made again from the moved ones when asked for
