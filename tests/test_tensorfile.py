@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,3 +73,33 @@ def test_a_git_lfs_pointer_is_named_as_such(tmp_path):
     file.write_text("version 2 of something else\n")
     with pytest.raises(QkovError, match="truncated or corrupt"):
         read_tensor_file(file)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's VmRSS")
+def test_page_out_gives_back_the_pages_a_mapped_view_spans(tmp_path):
+    """A mapped tensor read whole holds its pages; :func:`page_out` of its blocks (rows, and the
+    columns of its transpose) gives them back, and the tensor reads the same numbers after; a
+    tensor that is no mapped view is left alone."""
+    from qkov.tensorfile import map_tensor_file, page_out
+
+    def resident() -> int:  # this process's, in bytes
+        return (
+            int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS:")).split()[1])
+            * 1024
+        )
+
+    x = torch.randn(2048, 8192).to(torch.bfloat16)  # 32 MiB
+    save_file({"x": x}, tmp_path / "m.safetensors")
+    mapped = map_tensor_file(tmp_path / "m.safetensors")[0]["x"].read()
+    before = resident()
+    assert torch.equal(mapped, x)
+    touched = resident() - before
+    for start in range(0, 1024, 256):
+        page_out(mapped[start : start + 256])
+    for start in range(1024, 2048, 256):
+        page_out(mapped.mT[:, start : start + 256])
+    assert touched > 24 * 2**20 and resident() - before < touched - 24 * 2**20, (touched, resident() - before)
+    assert torch.equal(mapped, x)  # read again from the file
+    copy = x.clone()
+    page_out(copy)
+    assert torch.equal(copy, x)

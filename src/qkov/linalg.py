@@ -555,6 +555,14 @@ class SharedFactoredMatrix:
         self._outer = other._outer
         return self
 
+    def outer_only(self) -> SharedFactoredMatrix:
+        """An empty batch between the same outer factors, sharing what is computed of them: what a
+        pass over a model's layers keeps between layers for :meth:`share_outer`, not a layer's
+        heads (nor their cached core)."""
+        d, e = self.inner.m, self.inner.n
+        empty = FactoredMatrix(self.inner.A.new_zeros(0, d, 1), self.inner.B.new_zeros(0, 1, e))
+        return SharedFactoredMatrix(self.left, empty, self.right).share_outer(self)
+
     def _shared(self, key: object, compute) -> Tensor:
         if key not in self._outer:
             self._outer[key] = compute()

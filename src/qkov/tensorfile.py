@@ -23,8 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import struct
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,11 +174,35 @@ class MappedTensor:
             raw = np.memmap(self.file, dtype=np.uint8, mode="c", offset=self.start, shape=(self.nbytes,))
         except (OSError, ValueError) as err:
             raise QkovError(f"{self.file}: cannot read its tensors any more ({err})") from None
+        first = raw.ctypes.data  # its entry leaves with it (unless another mapping took the address)
+        _MAPPINGS[first] = weakref.ref(raw, lambda ref: _MAPPINGS.get(first) is ref and _MAPPINGS.pop(first))
         return torch.from_numpy(raw).view(self.dtype).reshape(self.shape)
 
     def meta(self) -> torch.Tensor:
         """A tensor of the same dtype and shape without data (PyTorch's meta device)."""
         return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+
+_MAPPINGS: dict[int, weakref.ref] = {}  # a mapped tensor's first byte -> its mapping, while it lives
+
+
+def page_out(view: torch.Tensor) -> None:
+    """Give back the pages of a mapped file that ``view`` (of a tensor :meth:`MappedTensor.read`
+    gave) spans, whole pages only: they stop counting in the process's memory and are read from the
+    file again if touched (the mapping is copy-on-write and never written: nothing is lost). Nothing
+    for a tensor that is no such view. A pass over a mapped 2 GiB embedding, a block of rows at a
+    time, then holds a block of its pages, not all of them."""
+    base = view.untyped_storage().data_ptr()
+    raw = _MAPPINGS.get(base, lambda: None)()
+    if raw is None or not view.numel():
+        return
+    span = sum((size - 1) * stride for size, stride in zip(view.shape, view.stride(), strict=True)) + 1
+    lead = raw.offset % mmap.ALLOCATIONGRANULARITY  # np.memmap maps from an aligned offset before it
+    first = lead + view.data_ptr() - base
+    start = -(-first // mmap.PAGESIZE) * mmap.PAGESIZE
+    stop = (first + span * view.element_size()) // mmap.PAGESIZE * mmap.PAGESIZE
+    if stop > start:
+        raw._mmap.madvise(mmap.MADV_DONTNEED, start, stop - start)
 
 
 def map_tensor_file(file: str | os.PathLike) -> tuple[dict[str, MappedTensor], dict[str, str]]:

@@ -52,6 +52,8 @@ def stacked_weights(model: AttnOnlyTransformer, name: str, layers: Sequence[int]
     if model.cfg.n_layers == 0:
         raise QkovError("a model with no layers has no attention heads")
     blocks = model.blocks if layers is None else [model.blocks[layer] for layer in layers]
+    if len(blocks) == 1:  # one layer's: a view, not a copy (a pass over the layers reads one at a time)
+        return getattr(blocks[0].attn, name)[None]
     return torch.stack([getattr(block.attn, name) for block in blocks])
 
 
@@ -130,11 +132,11 @@ def full_circuits_by_layer(
     (:mod:`qkov.interop.lazy`) is analysed in memory that does not grow with its depth. ``layers``:
     those to read (default: every one)."""
     view = circuit_model(model, offsets_of(offset))
-    first = None
+    outer = None  # what is computed of W_E and W_U, not a layer's heads (256 MiB each at 70B's width)
     for layer in range(view.cfg.n_layers) if layers is None else layers:
         full = _full(view, circuit, [layer])
-        first = full if first is None else first
-        yield full.share_outer(first)
+        outer = full.outer_only() if outer is None else outer
+        yield full.share_outer(outer)
 
 
 def map_layers(

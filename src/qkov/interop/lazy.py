@@ -64,7 +64,7 @@ from qkov.interop.source import map_weights, read_config_file, weights_file
 from qkov.model import MLP, Block
 from qkov.sizes import check_weight_magnitudes
 from qkov.tall import TallMatrix
-from qkov.tensorfile import MappedTensor, map_tensor_file
+from qkov.tensorfile import MappedTensor, map_tensor_file, page_out
 
 # Above this many bytes of embedding and unembedding in the compute dtype, a lazy model holds them
 # narrow (narrow_ends): Llama-3.1-8B's are 3.9 GiB in float32 and stay whole, as before;
@@ -258,8 +258,10 @@ def folded_block(
     cfg, dtype = source.cfg, source.dtype
     state = {key: value.clone() for key, value in small.items() if key != "b_U"}
     rows = slice(start, stop) if name == "W_U" else slice(0, 0)
-    state["W_E"] = contiguous_copy(stored["W_E"][start:stop] if name == "W_E" else stored["W_E"][:0], dtype)
+    block = stored["W_E"][start:stop] if name == "W_E" else stored["W_U"][:, rows]
+    state["W_E"] = contiguous_copy(block if name == "W_E" else stored["W_E"][:0], dtype)
     state["W_U"] = contiguous_copy(stored["W_U"][:, rows], dtype)
+    page_out(block)  # its pages of the mapped file read: let go, so that a pass holds a block of them
     if "b_U" in small:
         state["b_U"] = small["b_U"][rows].clone()
     if not cfg.affine_norms:
