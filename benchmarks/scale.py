@@ -5,7 +5,8 @@ matrices drawn with a trained-like decaying spectrum (column ``k`` scaled by ``1
 or a flat one (Gaussian), then
 
 - **qkov**: ``qkov analyze FOLDER --weights-only`` end to end in a fresh process (its own command
-  line code, the model opened lazily, one layer at a time), each step's wall time and the process's
+  line code, the model opened lazily, one layer at a time; at the 70B width its embeddings held
+  narrow, in bfloat16, read a block of tokens at a time), each step's wall time and the process's
   peak resident memory (Linux ``VmHWM``);
 - **TransformerLens 3**: in a fresh process limited to ``--tl-limit`` GiB of address space, its
   ``HookedTransformer`` built from the same config with random weights, then every head's OV
