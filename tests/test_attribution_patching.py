@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import qkov
+from families import family_configs, random_hf_model
 from qkov import analyze as A
 from qkov import context
 from qkov.circuits.ablation import ablation_effects, run_ablated, within_budget
@@ -92,6 +94,44 @@ def test_frozen_weights_give_the_same_estimates_through_every_path_between_heads
     assert frozen_clean == clean
     torch.testing.assert_close(frozen, trainable, rtol=1e-12, atol=1e-12)
     assert trainable[:, 0].abs().min() > 1e-6
+
+
+def whole_graph_estimates(model, tokens, metric) -> torch.Tensor:
+    """The estimates by one backward pass through the whole run's graph, every layer's ``z`` kept:
+    the reference the layer-at-a-time backward must equal."""
+    zs = []
+    model.requires_grad_(True)  # every z in the graph, the first layer's included
+    with torch.enable_grad():
+        logits, _ = model.run_with_cache(
+            tokens, fwd_hooks=[(lambda n: n.endswith("hook_z"), lambda z, hook: zs.append(z))]
+        )
+        grads = torch.autograd.grad(metric(logits), zs)
+    model.requires_grad_(False)
+    rows = [
+        torch.stack([-(g * z).sum((0, 1, 3)), (g * (z.mean(0) - z)).sum((0, 1, 3))])
+        for z, g in zip(zs, grads, strict=True)
+    ]
+    return torch.stack(rows, dim=1).detach()
+
+
+# llama: rotary, grouped-query attention, RMSNorm, gated MLPs; gemma2: norms after each sublayer and
+# soft-capped logits; gpt_neox: LayerNorm, partial rotary, attention and MLP in parallel
+@pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_neox"])
+def test_the_layer_at_a_time_backward_equals_one_through_the_whole_run(tmp_path, name):
+    random_hf_model(dict(family_configs())[name]).save_pretrained(tmp_path)
+    eager, lazy = qkov.open_model(tmp_path).double(), qkov.open_model(tmp_path, lazy=True).double()
+    tokens = repeated_random_tokens(3, 4, 3, eager.cfg.d_vocab, torch.Generator().manual_seed(7))
+
+    def metric(logits):
+        return repeats_loss(logits, tokens, 4)
+
+    expected = whole_graph_estimates(eager, tokens, metric)
+    assert expected.abs().min() > 1e-6  # every ablation moves the metric: equality is not 0 == 0
+    for model in (eager, lazy):
+        clean, estimates = attribution_patching(model, tokens, metric)
+        with torch.no_grad():
+            assert clean == pytest.approx(float(metric(eager(tokens))), rel=1e-12)
+        torch.testing.assert_close(estimates, expected, rtol=1e-9, atol=1e-12)
 
 
 def test_spearman_counts_ranks_only():

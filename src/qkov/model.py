@@ -600,6 +600,21 @@ class Transformer(nn.Module):
         None, the logits are :meth:`run_with_cache`'s, bit for bit."""
         return self.run_with_cache(tokens, fwd_hooks=fwd_hooks)[0]
 
+    def block_with_hooks(
+        self,
+        layer: int,
+        resid: Float[Tensor, "batch pos d_model"],
+        qk_positions: Tensor | None,
+        fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The stream after block ``layer`` from ``resid``, the stream entering it (its
+        ``hook_resid_pre``; ``qk_positions`` from :meth:`embed`), with ``fwd_hooks`` as
+        :meth:`run_with_cache` takes them and nothing cached: one block of that run, for a caller
+        that goes a layer at a time (a backward pass that holds one layer's graph)."""
+        points = hook_points(self.cfg)
+        record = Recorder(Hooks(fwd_hooks, points) if fwd_hooks else None, names_kept([], points))
+        return self._block_with_cache(layer, resid, qk_positions, None, None, record)
+
     def _run(
         self,
         tokens: Int[Tensor, "batch pos"],

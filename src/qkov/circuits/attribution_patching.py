@@ -12,14 +12,15 @@ changes a scalar metric ``m`` by
 the first-order term of its Taylor series, where ``dm/dr_h`` is the total derivative through every
 later layer. It is computed in ``d_head`` space: ``r_h = z_h @ W_O^h`` (``hook_z``), and both
 ablations move ``z_h`` (``r'_h = z'_h @ W_O^h`` with ``z'_h`` zero or its mean: the mean is linear),
-so ``dm/dr_h . (r'_h - r_h) = dm/dz_h . (z'_h - z_h)`` with ``dm/dz_h = dm/dr_h @ W_O^h^T``. The
-backward then holds every layer's ``z`` and its gradient, not its head writes: ``d_model / d_head``
-times less (32 at Llama-3.2-1B's shapes, where the writes and their gradients at 8 x 130 tokens
-were 8.1 GiB). One backward pass gives it for every head and both ablations (``r' = 0``, and ``r'`` the
-head's mean write over the batch at each position, :mod:`.ablation`'s ``"mean"``). The estimate is
-exact when ``m`` is affine in the head writes (a one-layer attention-only model with a metric
-linear in the logits); softmax, LayerNorm and the cross-entropy make it an approximation otherwise,
-so the ablations it ranks highest are rerun exactly and the agreement is stated (:class:`AblationEstimate`).
+so ``dm/dr_h . (r'_h - r_h) = dm/dz_h . (z'_h - z_h)`` with ``dm/dz_h = dm/dr_h @ W_O^h^T``: a
+layer's ``z`` and its gradient, not its head writes, ``d_model / d_head`` times less (32 at
+Llama-3.2-1B's shapes). The backward goes a layer at a time (:func:`attribution_patching`), so that
+it never holds more than one layer's graph. One backward pass gives it for every head and both
+ablations (``r' = 0``, and ``r'`` the head's mean write over the batch at each position,
+:mod:`.ablation`'s ``"mean"``). The estimate is exact when ``m`` is affine in the head writes (a
+one-layer attention-only model with a metric linear in the logits); softmax, LayerNorm and the
+cross-entropy make it an approximation otherwise, so the ablations it ranks highest are rerun
+exactly and the agreement is stated (:class:`AblationEstimate`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from qkov.config import Config
 from qkov.data.random_tokens import repeat_slices
 from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name
+from qkov.names import head_name, hook_name
 
 METHOD = "attribution_patching"
 EXACT_AT_LEAST = 4  # the ablations the estimate ranks highest are rerun exactly, at least this many
@@ -64,31 +65,55 @@ def attribution_patching(
     and head, the first-order estimate of the change in ``metric(logits)`` (a scalar) when that
     head's write is replaced by zero or by its mean over the batch of ``tokens`` at each position,
     from one forward and one backward pass (the module docstring). The gradients reach the heads'
-    ``z`` only: no weight gradient is computed."""
-    tokens = model.check_tokens(tokens)
-    zs: list[Tensor] = []
+    ``z`` and the residual stream only: no weight gradient is computed.
 
-    def keep(z: Tensor, hook) -> Tensor:
-        # With frozen weights (the explorer's, or ``requires_grad_(False)``) nothing before the
-        # first layer's z needs a gradient: it becomes the graph's leaf. Later z depend on it, so
-        # they stay in the graph and every path between heads is kept.
-        if not z.requires_grad:
-            z = z.detach().requires_grad_()
-        zs.append(z)
-        return z
+    The backward goes a layer at a time, from the streams entering each layer (kept by the forward,
+    ``[batch, pos, d_model]`` each): each layer is run again from its stream and its graph taken back
+    to that stream and its ``z``, then let go. The gradient reaching a layer's output carries every
+    later path, so the estimates are those of one backward through the whole run, to float
+    rounding, while the memory holds one layer's graph instead of every layer's weights and
+    activations (which was over 10 GiB at Llama-3.2-1B's shapes on 8 x 130 tokens). One more
+    forward's worth of work."""
+    tokens = model.check_tokens(tokens)
+    n_layers = model.cfg.n_layers
+    streams = [hook_name(layer, "resid_pre") for layer in range(n_layers)]
+    final = hook_name(n_layers - 1, "resid_post")
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=[*streams, final])
+        qk_positions = model.embed(tokens)[1]
+    with torch.enable_grad():
+        resid = cache.pop(final).detach().requires_grad_()
+        value = metric(model.unembed(resid))
+        (grad,) = torch.autograd.grad(value, resid)
+    estimates = []
+    for layer in reversed(range(n_layers)):
+        grad, z, z_grad = _layer_backward(model, layer, cache.pop(streams[layer]), qk_positions, grad)
+        zero = -(z_grad * z).sum((0, 1, 3))
+        mean = (z_grad * (z.mean(0) - z)).sum((0, 1, 3))  # the per-position mean
+        estimates.append(torch.stack([zero, mean]))
+    return float(value.detach()), torch.stack(estimates[::-1], dim=1)  # [mode, n_layers, n_heads]
+
+
+def _layer_backward(
+    model: AttnOnlyTransformer,
+    layer: int,
+    resid: Float[Tensor, "batch pos d_model"],
+    qk_positions: Tensor | None,
+    grad: Float[Tensor, "batch pos d_model"],
+) -> tuple[Tensor, Float[Tensor, "batch pos n_heads d_head"], Float[Tensor, "batch pos n_heads d_head"]]:
+    """``layer`` run again from ``resid``, the stream entering it, and ``grad`` (the metric's
+    gradient with respect to the stream after it) taken back through it: ``(the gradient with
+    respect to resid, the layer's z, the gradient with respect to z)``."""
+    kept: list[Tensor] = []
+
+    def keep(z: Tensor, hook) -> None:
+        kept.append(z)
 
     with torch.enable_grad():
-        hooks = [(lambda name: name.endswith("hook_z"), keep)]
-        logits, _ = model.run_with_cache(tokens, fwd_hooks=hooks, names_filter=[])
-        value = metric(logits)
-        grads = torch.autograd.grad(value, zs)
-    estimates = []
-    for z, grad in zip(zs, grads, strict=True):
-        z = z.detach()
-        zero = -(grad * z).sum((0, 1, 3))
-        mean = (grad * (z.mean(0) - z)).sum((0, 1, 3))  # the per-position mean
-        estimates.append(torch.stack([zero, mean]))
-    return float(value.detach()), torch.stack(estimates, dim=1)  # [mode, n_layers, n_heads]
+        resid = resid.detach().requires_grad_()
+        out = model.block_with_hooks(layer, resid, qk_positions, [(hook_name(layer, "z"), keep)])
+        resid_grad, z_grad = torch.autograd.grad(out, [resid, kept[0]], grad)
+    return resid_grad, kept[0].detach(), z_grad
 
 
 def attribution_flop(cfg: Config, length: int) -> float:
