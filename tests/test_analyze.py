@@ -365,3 +365,30 @@ def test_the_command_refuses_a_bad_choice_before_reading_the_model(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"qkov: error: {message}") and len(err.splitlines()) == 1
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        (["--tokens", "missing.npy"], "missing.npy: no such file"),
+        (["--tokens", "t.npy", "--targets", "missing.pt"], "missing.pt: no such file"),
+        (["--tokens", "t.npy", "--targets", "float.npy"], "float.npy: token ids must be integers, got dtype"),
+    ],
+)
+def test_a_bad_tokens_file_is_told_before_the_model_opens(tmp_path, capsys, monkeypatch, files, message):
+    folder = tmp_path / "ckpt"
+    qkov.save(induction_model(), folder)
+    np.save(tmp_path / "t.npy", np.zeros((2, 4), dtype=np.int64))
+    np.save(tmp_path / "float.npy", np.zeros((2, 4)))
+
+    def opened(*args, **kwargs):
+        raise AssertionError("the model was opened before the files were read")
+
+    monkeypatch.setattr(qkov.interop, "open_model", opened)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(["analyze", str(folder), "--out", str(tmp_path / "out"), "--quiet", *files])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"qkov: error: {message}") and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()

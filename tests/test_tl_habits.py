@@ -117,6 +117,23 @@ def test_names_filter_keeps_what_transformer_lens_keeps(pair):
         model.run_with_cache(tokens, names_filter=3)
 
 
+def test_return_type_none_runs_for_the_cache_alone(pair):
+    """``run_with_cache(return_type=None)``, as TransformerLens takes it: no logits, the same cache
+    as theirs and as a run that unembeds (the final norm's scale included)."""
+    model, hooked = pair
+    tokens = model.to_tokens(TEXTS[0], prepend_bos=True)
+    _, full = model.run_with_cache(tokens)
+    logits, cache = model.run_with_cache(tokens, return_type=None)
+    theirs_logits, theirs = hooked.run_with_cache(tokens, return_type=None)
+    assert logits is None and theirs_logits is None
+    assert list(cache) == list(full)  # a final norm's scale included, where the model has one
+    for name in cache:
+        assert torch.equal(cache[name], full[name]), name
+        torch.testing.assert_close(cache[name], theirs[name], rtol=0, atol=TOLERANCE, msg=name)
+    with pytest.raises(qkov.QkovError, match="return_type: \"logits\" or None, not 'loss'"):
+        model.run_with_cache(tokens, return_type="loss")
+
+
 def test_the_cache_reads_transformer_lens_short_keys(pair):
     model, hooked = pair
     _, cache = model.run_with_cache(model.to_tokens(TEXTS[1]))

@@ -545,7 +545,8 @@ class Transformer(nn.Module):
         start: tuple[int, Float[Tensor, "runs pos d_model"]] | None = None,
         fwd_hooks: Sequence[tuple[str | Callable[[str], bool], HookFn]] = (),
         names_filter: str | Sequence[str] | Callable[[str], bool] | None = None,
-    ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]:
+        return_type: str | None = "logits",
+    ) -> tuple[Float[Tensor, "batch pos d_vocab"] | None, ActivationCache]:
         """Logits and every activation, under TransformerLens' hook names (section "Residual Stream":
         the final stream is the start of the stream plus every layer's write).
 
@@ -581,11 +582,18 @@ class Transformer(nn.Module):
         name, a list of them, or ``filter(name) -> bool``; None: every one; a name that is no hook
         point is an error, where TransformerLens keeps nothing for it). The run and its logits are
         the same; a run that reads only the patterns, say, does not hold every head's write.
+
+        ``return_type``: ``"logits"``, or None (as TransformerLens takes it, for a run that reads
+        only its cache): no unembedding, and None in the logits' place (``ln_final.hook_scale`` is
+        still recorded). TransformerLens' ``"loss"`` and ``"both"`` are :meth:`loss`'s here.
         """
+        if return_type not in ("logits", None):
+            raise QkovError(f'return_type: "logits" or None, not {return_type!r} (the loss: model.loss)')
         points = hook_points(self.cfg)
         hooks = Hooks(fwd_hooks, points) if fwd_hooks else None
         record = Recorder(hooks, names_kept(names_filter, points))
-        logits = self._run(self.check_tokens(tokens), patterns, edit_writes, start, record)
+        unembed = return_type is not None
+        logits = self._run(self.check_tokens(tokens), patterns, edit_writes, start, record, unembed)
         return logits, ActivationCache(record.cache, self.cfg, self.ln_final)
 
     def run_with_hooks(
@@ -622,8 +630,10 @@ class Transformer(nn.Module):
         edit_writes: Callable[[int, Tensor], Tensor] | None,
         start: tuple[int, Tensor] | None,
         record: Recorder,
-    ) -> Float[Tensor, "batch pos d_vocab"]:
-        """:meth:`run_with_cache`'s forward: every activation through ``record``, the logits out."""
+        unembed: bool,
+    ) -> Float[Tensor, "batch pos d_vocab"] | None:
+        """:meth:`run_with_cache`'s forward: every activation through ``record``, the logits out
+        (None without ``unembed``)."""
         if patterns is not None and len(patterns) != self.cfg.n_layers:
             raise QkovError(f"expected {self.cfg.n_layers} frozen patterns, got {len(patterns)}")
         resid, qk_positions = self._embed_with_cache(tokens, record, start is None)
@@ -633,7 +643,8 @@ class Transformer(nn.Module):
         for layer in range(first, self.cfg.n_layers):
             frozen = None if patterns is None else patterns[layer]
             resid = self._block_with_cache(layer, resid, qk_positions, frozen, edit_writes, record)
-        return self._logits(self._norm(self.ln_final, resid, record, norm_name(None, "ln_final")))
+        normed = self._norm(self.ln_final, resid, record, norm_name(None, "ln_final"))
+        return self._logits(normed) if unembed else None
 
     def _embed_with_cache(
         self, tokens: Int[Tensor, "batch pos"], record: Recorder, with_embed: bool

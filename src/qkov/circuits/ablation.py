@@ -106,7 +106,7 @@ def run_ablated(
     if mode == "zero":
         value = replacement(torch.empty(0), head, mode)
     else:
-        clean = clean_cache if clean_cache is not None else model.run_with_cache(tokens)[1]
+        clean = clean_cache if clean_cache is not None else model.run_with_cache(tokens, return_type=None)[1]
         value = replacement(clean[hook_name(layer, "result")], head, mode)
 
     def edit(at_layer: int, writes: Tensor) -> Tensor:

@@ -79,7 +79,7 @@ def attribution_patching(
     streams = [hook_name(layer, "resid_pre") for layer in range(n_layers)]
     final = hook_name(n_layers - 1, "resid_post")
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=[*streams, final])
+        _, cache = model.run_with_cache(tokens, names_filter=[*streams, final], return_type=None)
         qk_positions = model.embed(tokens)[1]
     with torch.enable_grad():
         resid = cache.pop(final).detach().requires_grad_()

@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from qkov.hooks import patterns_only
 from qkov.model import ActivationCache, AttnOnlyTransformer
 from qkov.names import head_name, hook_name
 
@@ -105,7 +106,7 @@ def attention_example(
     model: AttnOnlyTransformer, tokens: Int[Tensor, "pos"], description: str
 ) -> AttentionExample:
     """Every head's attention pattern on one sequence of ``tokens``."""
-    _, cache = model.run_with_cache(tokens[None])
+    _, cache = model.run_with_cache(tokens[None], names_filter=patterns_only, return_type=None)
     patterns = {}
     for layer in range(model.cfg.n_layers):
         for head, pattern in enumerate(cache[hook_name(layer, "pattern")][0]):

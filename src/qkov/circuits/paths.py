@@ -80,7 +80,7 @@ def frozen_patterns(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]
     (``model.run_with_cache(tokens, patterns=...)``): the logits of an attention-only model without
     LayerNorm are then linear in the one-hot tokens (section "OV and QK Independence")."""
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=patterns_only)
+        _, cache = model.run_with_cache(tokens, names_filter=patterns_only, return_type=None)
     return [cache[hook_name(layer, "pattern")] for layer in range(model.cfg.n_layers)]
 
 
@@ -106,7 +106,9 @@ def freeze(
 ) -> Frozen:
     """Record :class:`Frozen` from a run on ``tokens`` (with ``patterns`` frozen when given)."""
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, patterns=patterns, names_filter=_frozen_name)
+        _, cache = model.run_with_cache(
+            tokens, patterns=patterns, names_filter=_frozen_name, return_type=None
+        )
     n = model.cfg.n_layers
     norms = [norm_name(layer, ln) for layer in range(n) for ln in ("ln1", "ln2", "ln1_post", "ln2_post")] + [
         norm_name(None, "ln_final")
@@ -380,6 +382,13 @@ class _Direct:
     def loss_sum(self) -> float:
         return float(((self.lse - self.target_logit) * self.kept).double().sum())
 
+    def sequence_losses(self, scored: _Scored, batch: int) -> Float[Tensor, " batch"]:
+        """Each sequence's summed cross-entropy (float64) of the direct path, run 0's loss, read off
+        these logits (a second unembedding of the same stream would cost as much again)."""
+        per_row = (self.lse - self.target_logit)[self.kept].double()
+        total = torch.zeros(batch, dtype=torch.float64, device=per_row.device)
+        return total.index_add_(0, scored[2][self.kept], per_row)
+
 
 def _first_order(
     model: AttnOnlyTransformer,
@@ -507,15 +516,15 @@ def term_importance_flop(cfg: Config, length: int) -> float:
 def _order_losses(
     model: AttnOnlyTransformer, frozen: Frozen, start: Tensor, scored: _Scored
 ) -> tuple[list[Tensor], Tensor, list[Tensor]]:
-    """:func:`term_importance`'s runs by order: each order's per-sequence loss sums, the direct
+    """:func:`term_importance`'s runs by order: the per-sequence loss sums of orders 1 to
+    ``n_layers`` (run 0's are read off the direct path's logits, :class:`_Direct`), the direct
     path's final stream (run 0) and the stream each layer sees in it. Their logits' buffer is let
     go on return, before the first-order terms take as much again (525 MB at a 128,256-token
     vocabulary)."""
     rows = min(UNEMBED_ROWS, len(scored[1]))
     buffer = torch.empty(rows, model.W_U.shape[1], dtype=model.W_U.dtype, device=model.device)
     base, inputs, writes = _rerun(model, frozen, start, None)
-    first_inputs = inputs
-    losses = [_sequence_losses(model, frozen, base, scored, buffer)]
+    first_inputs, losses = inputs, []
     for order in range(1, model.cfg.n_layers + 1):
         # A layer's stream holds paths through at most as many heads as layers before it, so run
         # n's layers below n - 1 read exactly what run n - 1's did: their writes are kept.
@@ -561,6 +570,7 @@ def term_importance(
         losses, base, first_inputs = _order_losses(model, frozen, start, scored)
         by_layer, by_head = [], []
         direct = _Direct.of(_rows(_unembed_affine(model, frozen, base), targets), scored[1])
+        losses.insert(0, direct.sequence_losses(scored, len(tokens)))
         width = model.cfg.n_heads * model.cfg.d_head
         through = torch.empty(width, model.W_U.shape[1], dtype=model.W_U.dtype, device=model.device)
         for layer in range(model.cfg.n_layers):

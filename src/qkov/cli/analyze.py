@@ -20,6 +20,7 @@ from qkov.cli.common import (
 from qkov.errors import QkovError
 
 if TYPE_CHECKING:
+    from qkov.data.user_tokens import UserFiles
     from qkov.distributed import Processes
     from qkov.results import Results
 
@@ -122,6 +123,9 @@ def analyze_command(args: argparse.Namespace) -> None:
 
         check_selection(args.steps, args.weights_only, bool(args.corpus), args.tokens is not None)
     folder = checked_checkpoint(args.checkpoint)  # a mistyped path is told before torch loads
+    from qkov.data.user_tokens import read_user_files
+
+    files = read_user_files(args.tokens, args.targets)  # a bad file too, before the model opens
     from qkov.interop.lazy import reads_lazily
 
     if args.lazy and not (folder.is_dir() and reads_lazily(folder)):
@@ -143,7 +147,7 @@ def analyze_command(args: argparse.Namespace) -> None:
             raise QkovError(f"analysis processes failed (torchrun exit status {status}); see above")
         return
     with process_group(compute_device(args.device)) as processes:
-        results = analysed(args, folder, processes)
+        results = analysed(args, folder, processes, files)
     if not processes.is_main:  # rank 0 alone writes and prints
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -164,12 +168,15 @@ def opened_for_errors(folder: Path, source: str) -> None:
         checked_weights(open_model(folder, lazy=True), source)
 
 
-def analysed(args: argparse.Namespace, folder: Path, processes: Processes) -> Results:
+def analysed(
+    args: argparse.Namespace, folder: Path, processes: Processes, files: UserFiles | None
+) -> Results:
     """The checkpoint in ``folder`` opened (lazily with ``--weights-only`` when its weights can be
-    mapped) and analysed; under torchrun each of ``processes`` computes its share of the layers."""
+    mapped) and analysed, with the user's ``files`` checked against it; under torchrun each of
+    ``processes`` computes its share of the layers."""
     from qkov.analyze import analyze
     from qkov.data.shards import corpus_tokens
-    from qkov.data.user_tokens import given_user_tokens
+    from qkov.data.user_tokens import checked_user_tokens
     from qkov.distributed import worker_device
     from qkov.interop import open_model as load
     from qkov.interop.lazy import reads_lazily
@@ -191,7 +198,7 @@ def analysed(args: argparse.Namespace, folder: Path, processes: Processes) -> Re
         if model.tokenizer is None:
             raise QkovError("--corpus needs a checkpoint with a tokenizer.json to read text")
         corpus = corpus_tokens(args.corpus, model.tokenizer, args.text_field, show)
-    user = given_user_tokens(args.tokens, args.targets, model.cfg)
+    user = None if files is None else checked_user_tokens(files, model.cfg)
     log = read_training_log(folder)
     return analyze(model, corpus, log, show, args.seed, user, args.steps, args.weights_only)
 

@@ -218,44 +218,64 @@ def next_token_targets(tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch p
     return targets
 
 
-def read_user_tokens(tokens_file: str | Path, targets_file: str | Path | None, cfg: Config) -> UserTokens:
-    """A user's tokens (and targets, default: the next token) checked against the model ``cfg``:
-    ids in ``[0, d_vocab)``, rows of at most ``n_ctx``, targets of the tokens' shape in
-    ``[0, d_vocab_out)`` or ``-100``, at least one position with a target. A model whose outputs are
-    not tokens (``d_vocab_out``) needs its targets given."""
+@dataclass(frozen=True)
+class UserFiles:
+    """The ``--tokens`` file's ids and the ``--targets`` file's (or None), each read and checked as a
+    file (:func:`read_ids`), not yet against each other or a model."""
+
+    tokens_file: Path
+    tokens: Int[Tensor, "batch pos"]
+    targets_file: Path | None
+    targets: Int[Tensor, "batch pos"] | None
+
+
+def read_user_files(tokens_file: str | Path | None, targets_file: str | Path | None) -> UserFiles | None:
+    """The user's files read, or None without ``--tokens``: done before any model is opened, so that
+    a missing or unreadable file is one line at once, not after the minutes a large model takes to
+    open. Targets without tokens are refused."""
+    if targets_file is not None and tokens_file is None:
+        raise QkovError("--targets needs --tokens (the sequences they belong to)")
+    if tokens_file is None:
+        return None
     tokens_file = Path(tokens_file)
     tokens = read_ids(tokens_file, "tokens")
+    if targets_file is None:
+        return UserFiles(tokens_file, tokens, None, None)
+    targets_file = Path(targets_file)
+    return UserFiles(tokens_file, tokens, targets_file, read_ids(targets_file, "targets"))
+
+
+def checked_user_tokens(files: UserFiles, cfg: Config) -> UserTokens:
+    """The user's files (:func:`read_user_files`) checked against the model ``cfg``: ids in
+    ``[0, d_vocab)``, rows of at most ``n_ctx``, targets of the tokens' shape in ``[0, d_vocab_out)``
+    or ``-100`` (default: the next token), at least one position with a target. A model whose
+    outputs are not tokens (``d_vocab_out``) needs its targets given."""
+    tokens, tokens_file, targets_file = files.tokens, files.tokens_file, files.targets_file
     _check_range(tokens, cfg.d_vocab, "token id", tokens_file)
     if tokens.shape[1] > cfg.n_ctx:
         raise QkovError(
             f"{tokens_file}: rows of {tokens.shape[1]} tokens are longer than the context (n_ctx={cfg.n_ctx})"
         )
     shape = f"{tokens.shape[0]} x {tokens.shape[1]} tokens"
-    if targets_file is None:
+    if files.targets is None:
         if not cfg.outputs_tokens:
             raise QkovError(
                 f"the model's {cfg.d_out} outputs are not tokens (d_vocab_out): give the targets (--targets)"
             )
         targets, said = next_token_targets(tokens), "the next token as targets"
     else:
-        targets_file = Path(targets_file)
-        targets = read_ids(targets_file, "targets")
+        targets, said = files.targets, f"targets {targets_file.name}"
         if targets.shape != tokens.shape:
             raise QkovError(
                 f"{targets_file}: targets of shape {tuple(targets.shape)}, tokens of {tuple(tokens.shape)}"
             )
         _check_range(targets, cfg.d_out, "target", targets_file, allowed=IGNORE)
-        said = f"targets {targets_file.name}"
     if not (targets != IGNORE).any():
         raise QkovError(f"{targets_file or tokens_file}: no position has a target")
     return UserTokens(tokens, targets, f"the user's tokens {tokens_file.name} ({shape}; {said})")
 
 
-def given_user_tokens(
-    tokens_file: str | Path | None, targets_file: str | Path | None, cfg: Config
-) -> UserTokens | None:
-    """:func:`read_user_tokens` where a tokens file is given (``--tokens``), else None; targets
-    without tokens are refused."""
-    if targets_file is not None and tokens_file is None:
-        raise QkovError("--targets needs --tokens (the sequences they belong to)")
-    return None if tokens_file is None else read_user_tokens(tokens_file, targets_file, cfg)
+def read_user_tokens(tokens_file: str | Path, targets_file: str | Path | None, cfg: Config) -> UserTokens:
+    """A user's tokens (and targets) read and checked against the model ``cfg``
+    (:func:`read_user_files`, then :func:`checked_user_tokens`)."""
+    return checked_user_tokens(read_user_files(tokens_file, targets_file), cfg)

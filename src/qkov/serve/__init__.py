@@ -16,7 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
-from qkov.data.user_tokens import given_user_tokens
+from qkov.data.user_tokens import checked_user_tokens, read_user_files
 from qkov.errors import QkovError
 from qkov.interop import open_model as load
 from qkov.serve.app import create_app
@@ -45,12 +45,13 @@ def build_app(
     tokens: str | Path | None = None,
     targets: str | Path | None = None,
 ):
-    """Load ``checkpoint`` (and the user's ``tokens`` and ``targets`` files, checked against it:
-    :func:`qkov.data.user_tokens.read_user_tokens`) once and build its app: on a loopback
-    ``host`` only requests naming a loopback host are served."""
+    """Load ``checkpoint`` (and the user's ``tokens`` and ``targets`` files, read before it and then
+    checked against it: :mod:`qkov.data.user_tokens`) once and build its app: on a loopback ``host``
+    only requests naming a loopback host are served."""
+    files = read_user_files(tokens, targets)  # a bad file is told before the model loads
     model = load(checkpoint)
     check_weight_magnitudes(dict(model.named_parameters()), str(checkpoint))
-    data = given_user_tokens(tokens, targets, model.cfg)
+    data = None if files is None else checked_user_tokens(files, model.cfg)
     explorer = Explorer(model, Path(checkpoint).name, data)
     jobs = Jobs(cache_bytes=cache_mb * 2**20, workers=workers)
     allowed = list(LOOPBACK_NAMES) if host in LOOPBACK_NAMES else None
