@@ -107,7 +107,7 @@ def test_two_processes_match_one_and_resume_with_one(tiny_corpus, tmp_path):
 
 def test_torchrun_runs_qkov_as_a_module():
     command = torchrun_command(4, ["train", "--nproc", "4", "--layers", "2", "--nproc=4", "--out", "x"])
-    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[:3] == [sys.executable, "-m", "qkov.distributed"]  # torchrun, its own report left out
     assert command[command.index("--nproc-per-node") + 1] == "4"
     assert command[-7:] == ["-m", "qkov", "train", "--layers", "2", "--out", "x"]
 
@@ -182,3 +182,28 @@ def test_a_broken_checkpoint_is_one_line_before_any_process_starts(tmp_path):
     result = qkov_cli("analyze", str(tmp_path / "model"), "--weights-only", "--nproc", "2")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("truncated or corrupt") == 1
+
+
+def test_a_worker_that_fails_is_one_line_and_the_others_stop_without_a_traceback(tmp_path):
+    """A fault that only a worker finds (a layer's weight that is NaN: the checkpoint's check
+    before the processes start reads the ends alone): that worker says it in one line, the other
+    says in one line that it cannot go on, and neither torchrun's report nor a traceback follows."""
+    from safetensors.torch import save_file
+
+    from conftest import random_model
+
+    cfg = qkov.Config(n_layers=2, n_heads=2, d_model=16, d_head=4, d_vocab=20, n_ctx=8)
+    qkov.save(random_model(cfg), tmp_path / "model")
+    weights = tmp_path / "model" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["blocks.1.attn.W_V"][0, 0, 0] = torch.nan
+    save_file(tensors, weights)
+    result = qkov_cli("analyze", str(tmp_path / "model"), "--weights-only", "--nproc", "2")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
+    errors = [line for line in lines if line.startswith("qkov: error: ")]
+    assert sum("blocks.1.attn.W_V has non-finite values" in line for line in errors) == 1
+    assert sum("another analysis process stopped" in line for line in errors) == 1
+    assert errors[-1].startswith("qkov: error: analysis processes failed")
+    assert not any("torch/distributed/elastic" in line for line in lines)

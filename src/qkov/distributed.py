@@ -18,10 +18,11 @@ the results of one process alone.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -32,6 +33,17 @@ import torch.distributed as dist
 from qkov.errors import QkovError
 
 T = TypeVar("T")
+PEER_STOPPED = "another analysis process stopped, so this one cannot go on (its error is above)"
+
+
+def _collective(call: Callable[..., object], *args, **kwargs) -> None:
+    """``call`` (a ``torch.distributed`` collective): a process that stopped (an error of its own,
+    said in one line) closes its connections, and the others' collectives then fail with the
+    backend's error; that becomes one line here too, not a traceback in every other process."""
+    try:
+        call(*args, **kwargs)
+    except RuntimeError as err:  # gloo's errors, and NCCL's DistBackendError (a RuntimeError)
+        raise QkovError(PEER_STOPPED) from err
 
 
 @dataclass(frozen=True)
@@ -53,7 +65,7 @@ class Processes:
 
     def barrier(self) -> None:
         if self.distributed:
-            dist.barrier()
+            _collective(dist.barrier)
 
     def gather_layers(self, own: dict[int, T], n_layers: int) -> list[T]:
         """Every layer's result in layer order, from each process's ``own`` (its :func:`layer_share`'s
@@ -62,14 +74,14 @@ class Processes:
         shares = [own]
         if self.distributed:
             shares = [{} for _ in range(self.world_size)]
-            dist.all_gather_object(shares, own)
+            _collective(dist.all_gather_object, shares, own)
         merged = {layer: found for share in shares for layer, found in share.items()}
         return [merged[layer] for layer in range(n_layers)]
 
     def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` summed over every process (``values`` itself when alone)."""
         if self.distributed:
-            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+            _collective(dist.all_reduce, values, op=dist.ReduceOp.SUM)
         return values
 
 
@@ -119,13 +131,33 @@ def process_group(device: torch.device) -> Iterator[Processes]:
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
     """The torchrun command line that runs ``qkov`` with ``argv`` in ``nproc`` processes on this
-    machine (a standalone rendezvous on a free local port). ``--nproc`` itself is left out: torchrun
-    would read it as its own ``--nproc-per-node``, and the workers need not know it."""
+    machine (a standalone rendezvous on a free local port), through :func:`launch`. ``--nproc``
+    itself is left out: torchrun would read it as its own ``--nproc-per-node``, and the workers need
+    not know it."""
     argv = [a for i, a in enumerate(argv) if not a.startswith("--nproc") and argv[i - 1 : i] != ["--nproc"]]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        sys.executable, "-m", "qkov.distributed", "--standalone", "--nnodes", "1",
         "--nproc-per-node", str(nproc), "-m", "qkov", *argv,
     ]  # fmt: skip
+
+
+def launch(argv: list[str]) -> None:
+    """torchrun itself (``torch.distributed.run``) on ``argv``, with its report of a failed worker
+    left out (a traceback of torchrun's own code, a table, log lines): the worker that failed has
+    said why in one line, and the command that started torchrun says that the processes failed.
+    The exit status is kept."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its modules' loggers
+    try:
+        main(argv)
+    except ChildFailedError:
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    launch(sys.argv[1:])
 
 
 def run_workers(nproc: int, argv: list[str]) -> tuple[int, bool]:
@@ -133,7 +165,8 @@ def run_workers(nproc: int, argv: list[str]) -> tuple[int, bool]:
     this process's torch threads (torchrun's own default is 1): the exit status, and whether Ctrl-C
     came (it reaches every worker too: they share the terminal's process group)."""
     interrupted = False
-    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
+    # torchrun's log lines (a worker's exit, the others stopped) only repeat what the workers said
+    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads()), "LOGLEVEL": "CRITICAL"}
     worker = subprocess.Popen(torchrun_command(nproc, argv), env=os.environ | threads)
     while worker.poll() is None:
         try:
