@@ -308,9 +308,10 @@ MEMORY_STEPS = (  # every step that reads weights alone and applies to a Llama
 WIDTH = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2048)
 
 
-def peak_bytes(folder: Path, mode: str, steps: str = MEMORY_STEPS) -> int:
-    """Peak RSS growth (bytes) of a weights-only analysis in a fresh process, over its RSS after
-    its imports: Linux's ``VmHWM``, the imports' own peak reset through ``/proc/self/clear_refs``.
+def peak_bytes(folder: Path, mode: str, steps: str = MEMORY_STEPS, script: str = MEASURE) -> int:
+    """Peak RSS growth (bytes) of a weights-only analysis (or of ``script``, given the same
+    arguments) in a fresh process, over its RSS after its imports: Linux's ``VmHWM``, the imports'
+    own peak reset through ``/proc/self/clear_refs``.
     Not ``ru_maxrss``: a child's starts at its parent's RSS when it forked (kept across exec), so
     it would measure the test process that built the models."""
     # glibc's malloc serves blocks below a threshold that rises (to 32 MiB) with every larger block
@@ -319,7 +320,7 @@ def peak_bytes(folder: Path, mode: str, steps: str = MEMORY_STEPS) -> int:
     env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(folder), mode, steps],
+        [sys.executable, "-c", script, str(folder), mode, steps],
         capture_output=True, text=True, env=env, check=True, timeout=600,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
