@@ -11,12 +11,15 @@ import pytest
 import torch
 from pydantic import TypeAdapter
 
+import qkov
+from families import family_configs, random_hf_model
 from qkov.analyze import run_steps
-from qkov.circuits.attribution import score_parts
+from qkov.circuits.attribution import read_parts, score_parts, stream_parts
 from qkov.circuits.circuit import Circuit, acdc_name, circuit_graph, reader_edges, score_shares, value_shares
-from qkov.circuits.paths import freeze
+from qkov.circuits.paths import freeze, post_linear
 from qkov.data.random_tokens import repeated_random_tokens
-from qkov.names import hook_name
+from qkov.model import LayerNorm, RMSNorm
+from qkov.names import head_name, hook_name, norm_name, parse_head
 from test_correction import centred_share
 
 from conftest import float64_model
@@ -92,6 +95,55 @@ def test_the_weights_are_the_dense_shares():
         assert edges[(f"L0H{w}", "K")] == pytest.approx(
             centred_share(q @ (write @ attn.W_K[0]).mT, q @ k.mT), abs=1e-10
         )
+
+
+def definition_value_shares(model, tokens, reader, frozen) -> dict[str, float]:
+    """Each part's ``<write_j, write> / |write|^2`` from the parts' writes formed in ``d_model``,
+    in float64 (through a post-attention norm's frozen linear part where there is one)."""
+    layer, index = parse_head(reader, model.cfg)
+    attn = model.blocks[layer].attn
+    model.requires_grad_(False)
+    names, x = read_parts(
+        model.blocks[layer].ln1,
+        frozen.scales.get(norm_name(layer, "ln1")),
+        stream_parts(model, tokens, layer, frozen),
+    )
+    writes = post_linear(
+        model, frozen, layer, frozen.patterns[layer][:, index] @ x @ attn.W_V[index] @ attn.W_O[index], False
+    )
+    total = writes.sum(0)
+    return {n: float((w * total).sum() / total.square().sum()) for n, w in zip(names, writes, strict=True)}
+
+
+# gemma2 and olmo2: a norm after the attention, whose frozen linear part the shares go through
+@pytest.mark.parametrize("name", ["llama", "gemma2", "olmo2"])
+def test_value_shares_in_d_head_space_are_the_definition(tmp_path, name):
+    random_hf_model(dict(family_configs())[name]).save_pretrained(tmp_path)
+    model = qkov.open_model(tmp_path).double()
+    tokens = repeated(model, 3)
+    frozen = freeze(model, tokens)
+    reader = head_name(1, 1)
+    got, expected = (
+        value_shares(model, tokens, reader, frozen),
+        definition_value_shares(model, tokens, reader, frozen),
+    )
+    assert got.keys() == expected.keys() and len(got) > 2
+    for part, share in expected.items():
+        assert got[part] == pytest.approx(share, rel=1e-9, abs=1e-12), part
+    assert max(abs(share) for share in expected.values()) > 1e-3
+
+
+def test_a_norms_linear_part_and_its_adjoint_agree():
+    cfg = qkov.Config(n_layers=1, n_heads=1, d_model=6, d_head=2, d_vocab=4, n_ctx=4)
+    for norm in (LayerNorm(cfg, affine=True), RMSNorm(cfg, affine=True)):
+        with torch.no_grad():
+            norm.w.copy_(torch.randn(6))
+        norm = norm.double()
+        gen = torch.Generator().manual_seed(0)
+        x, y = (torch.randn(4, 6, dtype=torch.float64, generator=gen) for _ in range(2))
+        scale = torch.rand(4, 1, dtype=torch.float64, generator=gen) + 0.5
+        left = (norm.linear(x, scale) * y).sum(-1)
+        torch.testing.assert_close(left, (x * norm.linear_adjoint(y, scale)).sum(-1), rtol=1e-12, atol=1e-12)
 
 
 def test_the_threshold_keeps_only_large_edges():

@@ -283,6 +283,13 @@ class LayerNorm(nn.Module):
         out = self._centred(x) / scale
         return out if self.w is None else out * self.w
 
+    def linear_adjoint(self, y: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"]) -> Tensor:
+        """The adjoint of :meth:`linear` (the scale frozen): ``<linear(x), y> = <x, linear_adjoint(y)>``
+        over the last axis, each position's scale its own. Centring is symmetric and the scale and
+        ``w`` diagonal, so it is ``(y * w / scale) - mean``, the same operations in reverse order."""
+        out = y / scale if self.w is None else y * self.w / scale
+        return self._centred(out)
+
     def forward(
         self, x: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"] | None = None
     ) -> Float[Tensor, "... d_model"]:

@@ -104,7 +104,13 @@ def value_shares(
     streams: dict[str, Tensor] | None = None,
 ) -> dict[str, float | None]:
     """Each part's share ``<write_j, write> / |write|^2`` of ``reader``'s write (module docstring;
-    ``streams``: :func:`stream_parts` of its layer, computed when not given)."""
+    ``streams``: :func:`stream_parts` of its layer, computed when not given).
+
+    Part ``j``'s write is ``L(z_j @ W_O^h)`` with ``z_j = pattern @ v_j`` (``L``: a post-attention
+    norm's linear part, frozen, or nothing), so its overlap with the whole write is taken in
+    ``d_head`` space, ``<z_j, L^T(write) @ W_O^h^T>``: the parts' writes in ``d_model`` (a float64
+    copy of each, once per reader) are never formed. The whole write is the float64 sum of the
+    parts' ``z``, so the shares sum to one to float64 rounding."""
     layer, index = parse_head(reader, model.cfg)
     attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
     scale = frozen.scales.get(norm_name(layer, "ln1"))
@@ -114,12 +120,14 @@ def value_shares(
     v = x @ attn.W_V[index]  # [part, batch, pos, d_head]
     if BIAS in streams and attn.b_V is not None:
         v[names.index(BIAS)] += attn.b_V[index]
-    writes = post_linear(
-        model, frozen, layer, pattern @ v @ attn.W_O[index], False
-    ).double()  # [part, batch, pos, d_model]
-    total = writes.sum(0)
+    z = (pattern @ v).double()  # [part, batch, pos, d_head]
+    out = attn.W_O[index].double()
+    total = post_linear(model, frozen, layer, z.sum(0) @ out, False)  # [batch, pos, d_model]
     norm = float(total.square().sum())
-    overlaps = (writes * total).sum((1, 2, 3)).tolist()
+    post = model.blocks[layer].ln1_post
+    if post is not None:
+        total = post.linear_adjoint(total, frozen.scales[norm_name(layer, "ln1_post")])
+    overlaps = (z * (total @ out.T)).sum((1, 2, 3)).tolist()
     return {name: finite(overlap / norm) for name, overlap in zip(names, overlaps, strict=True)}
 
 
