@@ -146,18 +146,18 @@ def launch(argv: list[str]) -> None:
     left out (a traceback of torchrun's own code, a table, log lines): the worker that failed has
     said why in one line, and the command that started torchrun says that the processes failed.
     The exit status is kept."""
+    # its log lines (a worker's exit, the others stopped) only repeat what the workers said: the
+    # loggers made by elastic's get_logger take LOGLEVEL as they are made (on the imports below),
+    # the others their parent's level
+    os.environ["LOGLEVEL"] = "CRITICAL"
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its modules' loggers
     try:
         main(argv)
     except ChildFailedError:
         raise SystemExit(1) from None
-
-
-if __name__ == "__main__":
-    launch(sys.argv[1:])
 
 
 def run_workers(nproc: int, argv: list[str]) -> tuple[int, bool]:
@@ -165,8 +165,7 @@ def run_workers(nproc: int, argv: list[str]) -> tuple[int, bool]:
     this process's torch threads (torchrun's own default is 1): the exit status, and whether Ctrl-C
     came (it reaches every worker too: they share the terminal's process group)."""
     interrupted = False
-    # torchrun's log lines (a worker's exit, the others stopped) only repeat what the workers said
-    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads()), "LOGLEVEL": "CRITICAL"}
+    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
     worker = subprocess.Popen(torchrun_command(nproc, argv), env=os.environ | threads)
     while worker.poll() is None:
         try:
@@ -179,3 +178,7 @@ def run_workers(nproc: int, argv: list[str]) -> tuple[int, bool]:
 def default_threads(nproc: int) -> int:
     """CPU threads per process: this machine's cores shared among its processes."""
     return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", nproc)))
+
+
+if __name__ == "__main__":  # how torchrun_command starts torchrun
+    launch(sys.argv[1:])

@@ -39,7 +39,7 @@ from qkov.circuits.attribution import ScoreParts, centred_scores, read_parts, sc
 from qkov.circuits.copying import Copying
 from qkov.circuits.correction import Correction
 from qkov.circuits.mechanisms import induction_mechanism_flop
-from qkov.circuits.paths import BIAS, Frozen, freeze, post_linear
+from qkov.circuits.paths import BIAS, Frozen, freeze, post_linear, post_linear_adjoint
 from qkov.circuits.repeated import RepeatedTokens
 from qkov.config import Config
 from qkov.model import AttnOnlyTransformer
@@ -124,10 +124,7 @@ def value_shares(
     out = attn.W_O[index].double()
     total = post_linear(model, frozen, layer, z.sum(0) @ out, False)  # [batch, pos, d_model]
     norm = float(total.square().sum())
-    post = model.blocks[layer].ln1_post
-    if post is not None:
-        total = post.linear_adjoint(total, frozen.scales[norm_name(layer, "ln1_post")])
-    overlaps = (z * (total @ out.T)).sum((1, 2, 3)).tolist()
+    overlaps = (z * (post_linear_adjoint(model, frozen, layer, total) @ out.T)).sum((1, 2, 3)).tolist()
     return {name: finite(overlap / norm) for name, overlap in zip(names, overlaps, strict=True)}
 
 

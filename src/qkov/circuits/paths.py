@@ -159,6 +159,13 @@ def post_linear(
     return post.linear(writes, scale[..., None, :] if per_head else scale)
 
 
+def post_linear_adjoint(model: AttnOnlyTransformer, frozen: Frozen, layer: int, y: Tensor) -> Tensor:
+    """The adjoint of :func:`post_linear` on the layer's whole write (``<post_linear(x), y> =
+    <x, post_linear_adjoint(y)>`` at each position): ``y`` itself without a post-attention norm."""
+    post = model.blocks[layer].ln1_post
+    return y if post is None else post.linear_adjoint(y, frozen.scales[norm_name(layer, "ln1_post")])
+
+
 def bias_write(model: AttnOnlyTransformer, frozen: Frozen, layer: int, like: Tensor) -> Tensor | None:
     """The layer's constant write: ``b_O``, or after a post-attention norm (frozen) what it makes of
     ``b_O`` with its own bias; None when there is none."""
