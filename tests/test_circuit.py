@@ -178,3 +178,21 @@ def test_the_parts_scored_a_few_at_a_time_give_the_same_shares(monkeypatch):
     cut = {(e.writer, e.kind): e.weight for e in reader_edges(model, tokens, "L1H0", frozen, 0.0)}
     assert cut.keys() == whole.keys()
     assert all(cut[key] == pytest.approx(whole[key], abs=1e-12) for key in whole)
+
+
+@pytest.mark.parametrize("positional_embedding", ["shortformer", "standard", "rotary"])
+def test_one_read_per_layer_serves_each_reader_as_its_own_read_would(positional_embedding):
+    """The graph forms each layer's read of the stream's parts once for all its readers
+    (:func:`~qkov.circuits.attribution.layer_read`): its edges equal those of each reader reading
+    on its own, with every share kept (threshold 0). A shortformer's ``pos_embed`` part, added per
+    reader, must not be added to the layer's list of parts for the next."""
+    model = float64_model(3, positional_embedding, seed=2)
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, 8), generator=torch.Generator().manual_seed(5))
+    frozen = freeze(model, tokens)
+    alone = [
+        edge
+        for layer in range(1, 3)
+        for h in range(model.cfg.n_heads)
+        for edge in reader_edges(model, tokens, head_name(layer, h), frozen, 0.0)
+    ]
+    assert circuit_graph(model, tokens, {}, threshold=0.0).edges == alone

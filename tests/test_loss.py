@@ -65,3 +65,28 @@ def test_token_losses_are_the_cross_entropy_at_every_position(dtype):
     want = F.cross_entropy(logits.double().transpose(1, 2), targets, reduction="none")
     assert got.dtype == torch.promote_types(dtype, torch.float32)
     assert torch.allclose(got.double(), want, rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("cap", [None, 7.5])
+@pytest.mark.parametrize("rows", [1, 4, 1000])  # a row at a time, blocks with a shorter last one, all rows
+def test_stream_losses_in_a_buffer_equal_the_losses_of_the_logits(dtype, cap, rows):
+    """:meth:`Transformer.stream_losses`, the logits formed a block of positions at a time in one
+    buffer reused from block to block, equals ``token_losses`` of the model's own logits
+    (``unembed``: the final norm, ``b_U`` and the soft-cap when there is one), with a position
+    without a target (-100: loss 0); no gradient, though the weights take one."""
+    cfg = qkov.Config(
+        n_layers=1, n_heads=2, d_model=8, d_head=4, d_vocab=19, n_ctx=10, normalization="LN",
+        output_logits_soft_cap=cap,
+    )  # fmt: skip
+    model = random_model(cfg, biases=True).to(dtype)
+    generator = torch.Generator().manual_seed(0)
+    resid = (torch.randn(3, 6, 8, generator=generator, dtype=torch.float64) * 3).to(dtype)
+    targets = torch.randint(0, 19, (3, 6), generator=generator)
+    targets[2, 1] = -100
+    buffer = torch.empty(rows, 19, dtype=dtype)
+    got = model.stream_losses(resid, targets, buffer)
+    want = token_losses(model.unembed(resid), targets)
+    assert got.dtype == want.dtype and got.shape == targets.shape and got[2, 1] == 0
+    assert not got.requires_grad and want.requires_grad
+    torch.testing.assert_close(got, want.detach(), rtol=1e-12 if dtype == torch.float64 else 1e-2, atol=1e-12)

@@ -252,16 +252,21 @@ def test_gpt2_style_term_importance_equals_the_loss_of_path_sums(d_mlp, n_layers
         assert result.loss_by_order[order] == pytest.approx(ce(kept, tokens), rel=1e-10)
 
 
+@pytest.mark.parametrize("blocks", [(paths.ROWS, paths.COLUMNS), (3, 7)])
 @pytest.mark.parametrize("reach", [paths.REACH, -1.0])
 @pytest.mark.parametrize("normalization", ["LN", "LNPre", "none"])
 def test_first_order_terms_through_rank_d_head_products_are_the_unembedded_writes(
-    normalization, reach, monkeypatch
+    normalization, reach, blocks, monkeypatch
 ):
     """Each head's (and layer's) first-order loss, read through ``LN_lin(W_O^h) @ W_U`` with the
     final scale frozen, equals the definition: the direct path's stream plus the head's write,
     unembedded whole (LayerNorm's ``b``, MLPs and biases included), in float64; summed in exp
-    space (every head here is within ``REACH``) and by ``logsumexp`` (``REACH`` below zero)."""
+    space (every head here is within ``REACH``) and by ``logsumexp`` (``REACH`` below zero); in
+    one block of rows and columns, and in blocks of 3 x 7 (the last one narrower: the scratch
+    reused from block to block)."""
     monkeypatch.setattr(paths, "REACH", reach)
+    monkeypatch.setattr(paths, "ROWS", blocks[0])
+    monkeypatch.setattr(paths, "COLUMNS", blocks[1])
     cfg = small_config(3, "standard", normalization=normalization, d_mlp=8)
     model = random_model(cfg, biases=True, seed=4).double()
     tokens = tokens_for(model, batch=4)

@@ -18,6 +18,10 @@ CHUNK_BYTES = 16 * 2**20  # logits of one chunk: 16 MiB, which stay in the last-
 # device. With 1 GiB chunks the paper-size 2-layer model trains at 323k tokens/s on an H200
 # (benchmarks/README.md, gpu_train.py); other chunk sizes were not compared.
 GPU_CHUNK_BYTES = 2**30
+# The logits :func:`row_losses` holds at once, in one buffer reused from call to call: a fresh
+# tensor as large as the rows' logits (534 MB for 1,040 tokens at a 128,256-token vocabulary) came
+# from the system page by page each time, and those page faults took as long as its product.
+LOGIT_BUFFER_BYTES = 256 * 2**20
 
 
 def shifted_exp_(
@@ -28,6 +32,45 @@ def shifted_exp_(
     row_max = logits.amax(dim=-1, keepdim=True)
     exps = logits.sub_(row_max).exp_()
     return exps, exps.sum(dim=-1, keepdim=True), row_max
+
+
+def logsumexp_(x: Float[Tensor, "rows cols"]) -> Float[Tensor, " rows"]:
+    """Each row's ``logsumexp``, ``x`` overwritten (``torch.logsumexp`` takes a block as large)."""
+    _, sums, top = shifted_exp_(x)
+    return sums[:, 0].log_() + top[:, 0]
+
+
+def logit_buffer(rows: int, W_U: Float[Tensor, "d_model d_vocab"]) -> Float[Tensor, "chunk d_vocab"]:
+    """Room for :func:`row_losses`' logits: ``rows`` rows, or as many as ``LOGIT_BUFFER_BYTES`` hold
+    (at least one), in ``W_U``'s dtype and on its device."""
+    fits = LOGIT_BUFFER_BYTES // (W_U.element_size() * W_U.shape[1])
+    return torch.empty(max(1, min(rows, fits)), W_U.shape[1], dtype=W_U.dtype, device=W_U.device)
+
+
+def row_losses(
+    normed: Float[Tensor, "rows d_model"],
+    W_U: Float[Tensor, "d_model d_vocab"],
+    b_U: Float[Tensor, " d_vocab"] | None,
+    targets: Int[Tensor, " rows"],
+    buffer: Float[Tensor, "chunk d_vocab"],
+    soft_cap: float | None = None,
+) -> Float[Tensor, " rows"]:
+    """:func:`token_losses` of ``normed @ W_U + b_U`` (soft-capped, ``cap * tanh(logits / cap)``,
+    when ``soft_cap`` is given), the logits formed ``len(buffer)`` rows at a time in ``buffer``
+    (:func:`logit_buffer`): no tensor as large as every row's logits, and none fresh per call."""
+    wide = torch.promote_types(buffer.dtype, torch.float32)
+    losses = torch.empty(len(normed), dtype=wide, device=normed.device)
+    for first in range(0, len(normed), len(buffer)):
+        rows = slice(first, first + len(buffer))
+        logits = torch.matmul(normed[rows], W_U, out=buffer[: len(normed[rows])])
+        if b_U is not None:
+            logits += b_U
+        if soft_cap is not None:
+            logits.div_(soft_cap).tanh_().mul_(soft_cap)
+        logits = logits.to(wide)  # bfloat16 logits upcast, as token_losses does
+        chosen = logits.gather(1, targets[rows].clamp_min(0)[:, None])[:, 0]
+        losses[rows] = logsumexp_(logits) - chosen
+    return losses.masked_fill_(targets < 0, 0)
 
 
 class _UnembedCrossEntropy(torch.autograd.Function):

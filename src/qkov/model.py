@@ -47,7 +47,7 @@ from qkov.cache import ActivationCache
 from qkov.config import Config
 from qkov.errors import QkovError
 from qkov.hooks import HookFn, Hooks, Recorder, names_kept
-from qkov.loss import unembed_cross_entropy
+from qkov.loss import row_losses, unembed_cross_entropy
 from qkov.names import hook_name, hook_points, norm_name, scale_hook
 from qkov.rotary import frequencies, rotate
 from qkov.text import is_text, to_str_tokens, to_string, to_tokens
@@ -516,6 +516,17 @@ class Transformer(nn.Module):
         """The logits of the stream after ``ln_final``: ``normed @ W_U + b_U``, soft-capped."""
         logits = normed @ self.W_U
         return self.soft_capped(logits if self.b_U is None else logits + self.b_U)
+
+    @torch.no_grad()
+    def stream_losses(
+        self, resid: Float[Tensor, "batch pos d_model"], targets: Int[Tensor, "batch pos"], buffer: Tensor
+    ) -> Float[Tensor, "batch pos"]:
+        """``token_losses(self.unembed(resid), targets)``, the logits formed in ``buffer``
+        (:func:`qkov.loss.logit_buffer`) a block of positions at a time: for a run read only for its
+        losses, repeated (no logits tensor of the whole batch, fresh each time). No gradient."""
+        normed = normalized(self.ln_final, resid).flatten(0, 1)
+        cap = self.cfg.output_logits_soft_cap
+        return row_losses(normed, self.W_U, self.b_U, targets.flatten(), buffer, cap).view(targets.shape)
 
     def soft_capped(self, logits: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "... d_vocab"]:
         """The final-logit soft-cap (Gemma 2): ``cap * tanh(logits / cap)``; the logits themselves

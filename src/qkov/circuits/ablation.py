@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from jaxtyping import Float, Int
@@ -30,7 +29,7 @@ from qkov.config import Config
 from qkov.data.random_tokens import loss_per_repeat
 from qkov.errors import QkovError
 from qkov.hooks import patterns_only
-from qkov.loss import token_losses
+from qkov.loss import logit_buffer, token_losses
 from qkov.model import AttnOnlyTransformer
 from qkov.names import head_name, hook_name, parse_head
 
@@ -203,6 +202,7 @@ def ablation_effects(
     clean = repeat_behaviour(logits, cache, tokens, period, start)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     per_forward = max(1, FORWARD_TOKENS // tokens.numel())
+    buffer = logit_buffer(per_forward * tokens.shape[0] * (tokens.shape[1] - start - 1), model.W_U)
     effects = []
     for layer in range(n_layers - 1):
         ablations = [
@@ -213,7 +213,7 @@ def ablation_effects(
         ]
         for first in range(0, len(ablations), per_forward):
             group = ablations[first : first + per_forward]
-            runs = _ablated_from(model, tokens, (period, start), layer, group, cache)
+            runs = _ablated_from(model, tokens, (period, start), layer, group, cache, buffer)
             for (head, mode), ablated in zip(group, runs, strict=True):
                 changes = zip(ablated.loss_per_repeat, clean.loss_per_repeat, strict=True)
                 effects.append(
@@ -242,11 +242,13 @@ def _ablated_from(
     layer: int,
     group: list[tuple[int, str]],
     clean: dict,
+    buffer: Tensor,
 ) -> list[RepeatBehaviour]:
     """The runs with each ``(head, mode)`` of ``layer`` ablated, stacked along the batch and started
     at ``layer`` from the clean residual stream; ``induction`` holds the layers from ``layer`` on
     (earlier layers' entries are NaN: the ablation cannot reach them). ``repeats`` is the period
-    and the first position of the repeats (:func:`repeat_behaviour`)."""
+    and the first position of the repeats (:func:`repeat_behaviour`); ``buffer`` holds their logits,
+    a block of positions at a time (:meth:`Transformer.stream_losses`)."""
     (period, start), batch, n = repeats, tokens.shape[0], len(group)
     z, W_O = clean[hook_name(layer, "z")], model.blocks[layer].attn.W_O
     replacements = [replaced_write(z, W_O, head, mode) for head, mode in group]
@@ -260,13 +262,20 @@ def _ablated_from(
         return out
 
     resid = clean[hook_name(layer, "resid_pre")].repeat(n, 1, 1)
-    # n runs stacked: only their patterns are read (every head's write would be n times the clean run's)
-    run = partial(model.run_with_cache, names_filter=patterns_only)
-    logits, cache = run(tokens, edit_writes=edit, start=(layer, resid))
+    final = hook_name(model.cfg.n_layers - 1, "resid_post")
+    # n runs stacked: only their patterns and final stream are read (every head's write would be n
+    # times the clean run's), and their losses formed in ``buffer``, not from a logits tensor
+    _, cache = model.run_with_cache(
+        tokens,
+        edit_writes=edit,
+        start=(layer, resid),
+        names_filter=lambda name: patterns_only(name) or name == final,
+        return_type=None,
+    )
     targets = tokens[:, start + 1 :].repeat(n, 1)
-    losses = token_losses(logits[:, start:-1], targets).unflatten(0, (n, batch))  # [runs, batch, pos - 1]
+    losses = model.stream_losses(cache[final][:, start:-1], targets, buffer).unflatten(0, (n, batch))
     shape = (n, model.cfg.n_layers, model.cfg.n_heads)
-    induction = torch.full(shape, torch.nan, dtype=logits.dtype, device=logits.device)
+    induction = torch.full(shape, torch.nan, dtype=losses.dtype, device=losses.device)
     for later in range(layer, model.cfg.n_layers):
         pattern = cache[hook_name(later, "pattern")][..., start:, start:].unflatten(0, (n, batch))
         induction[:, later] = pattern_offset_attention(pattern, period - 1, period)

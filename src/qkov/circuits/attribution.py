@@ -122,27 +122,41 @@ def read_parts(
     return names, x
 
 
+# What the heads of a layer read, part by part (:func:`layer_read`): the parts' names in order and
+# each part through the layer's norm, ``[part, batch, pos, d_model]``.
+Read = tuple[list[str], Float[Tensor, "part batch pos d_model"]]
+
+
+def layer_read(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], layer: int, frozen: Frozen
+) -> Read:
+    """:func:`read_parts` of the stream entering ``layer`` (:func:`stream_parts`) through its ``ln1``
+    with the scale frozen: the same for every head of the layer, so formed once for all of them (it
+    is the largest tensor of a head's parts, and was formed twice per reader)."""
+    scale = frozen.scales.get(norm_name(layer, "ln1"))
+    return read_parts(model.blocks[layer].ln1, scale, stream_parts(model, tokens, layer, frozen))
+
+
 def score_parts(
     model: AttnOnlyTransformer,
     tokens: Int[Tensor, "batch pos"],
     head: str,
     frozen: Frozen | None = None,
-    streams: dict[str, Tensor] | None = None,
+    read: Read | None = None,
 ) -> ScoreParts:
     """The queries and keys of ``head`` on ``tokens``, part by part (``frozen``: the model's run on
-    ``tokens``, recorded when not given; ``streams``: :func:`stream_parts` of the head's layer
-    with that ``frozen``, computed when not given: one per layer serves all its heads)."""
+    ``tokens``, recorded when not given; ``read``: :func:`layer_read` of the head's layer with that
+    ``frozen``, computed when not given: one per layer serves all its heads)."""
     tokens = model.check_tokens(tokens)
     layer, index = parse_head(head, model.cfg)
     with torch.no_grad():
         frozen = freeze(model, tokens) if frozen is None else frozen
-        attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
-        scale = frozen.scales.get(norm_name(layer, "ln1"))
+        attn = model.blocks[layer].attn
         W_Q, W_K = attn.W_Q[index], attn.W_K[index]
-        streams = stream_parts(model, tokens, layer, frozen) if streams is None else streams
-        names, x = read_parts(ln, scale, streams)
+        names, x = layer_read(model, tokens, layer, frozen) if read is None else read
+        names = list(names)  # a shortformer's pos_embed is added below: not to the layer's list
         queries, keys = x @ W_Q, x @ W_K  # [part, batch, pos, d_head]
-        if BIAS in streams and attn.b_Q is not None:
+        if BIAS in names and attn.b_Q is not None:
             at = names.index(BIAS)
             queries[at] += attn.b_Q[index]
             keys[at] += attn.b_K[index]

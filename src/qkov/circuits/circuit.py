@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from qkov.circuits.attribution import ScoreParts, centred_scores, read_parts, score_parts, stream_parts
+from qkov.circuits.attribution import Read, ScoreParts, centred_scores, layer_read, score_parts
 from qkov.circuits.copying import Copying
 from qkov.circuits.correction import Correction
 from qkov.circuits.mechanisms import induction_mechanism_flop
@@ -43,7 +43,7 @@ from qkov.circuits.paths import BIAS, Frozen, freeze, post_linear, post_linear_a
 from qkov.circuits.repeated import RepeatedTokens
 from qkov.config import Config
 from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name, norm_name, parse_head
+from qkov.names import head_name, parse_head
 from qkov.numbers import finite
 
 EDGE_THRESHOLD = 0.1
@@ -101,10 +101,10 @@ def value_shares(
     tokens: Tensor,
     reader: str,
     frozen: Frozen,
-    streams: dict[str, Tensor] | None = None,
+    read: Read | None = None,
 ) -> dict[str, float | None]:
     """Each part's share ``<write_j, write> / |write|^2`` of ``reader``'s write (module docstring;
-    ``streams``: :func:`stream_parts` of its layer, computed when not given).
+    ``read``: :func:`layer_read` of its layer, computed when not given).
 
     Part ``j``'s write is ``L(z_j @ W_O^h)`` with ``z_j = pattern @ v_j`` (``L``: a post-attention
     norm's linear part, frozen, or nothing), so its overlap with the whole write is taken in
@@ -112,13 +112,11 @@ def value_shares(
     copy of each, once per reader) are never formed. The whole write is the float64 sum of the
     parts' ``z``, so the shares sum to one to float64 rounding."""
     layer, index = parse_head(reader, model.cfg)
-    attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
-    scale = frozen.scales.get(norm_name(layer, "ln1"))
+    attn = model.blocks[layer].attn
     pattern = frozen.patterns[layer][:, index]
-    streams = stream_parts(model, tokens, layer, frozen) if streams is None else streams
-    names, x = read_parts(ln, scale, streams)
+    names, x = layer_read(model, tokens, layer, frozen) if read is None else read
     v = x @ attn.W_V[index]  # [part, batch, pos, d_head]
-    if BIAS in streams and attn.b_V is not None:
+    if BIAS in names and attn.b_V is not None:
         v[names.index(BIAS)] += attn.b_V[index]
     z = (pattern @ v).double()  # [part, batch, pos, d_head]
     out = attn.W_O[index].double()
@@ -162,13 +160,13 @@ def reader_edges(
     reader: str,
     frozen: Frozen,
     threshold: float,
-    streams: dict[str, Tensor] | None = None,
+    read: Read | None = None,
 ) -> list[CircuitEdge]:
-    """The kept edges into ``reader`` from every head of an earlier layer (``streams``:
-    :func:`stream_parts` of its layer, computed when not given)."""
-    parts = score_parts(model, tokens, reader, frozen, streams)
+    """The kept edges into ``reader`` from every head of an earlier layer (``read``:
+    :func:`layer_read` of its layer, computed when not given)."""
+    parts = score_parts(model, tokens, reader, frozen, read)
     by_kind = {"Q": score_shares(parts, "Q"), "K": score_shares(parts, "K")}
-    by_kind["V"] = value_shares(model, tokens, reader, frozen, streams)
+    by_kind["V"] = value_shares(model, tokens, reader, frozen, read)
     layer, _ = parse_head(reader)
     edges = []
     for kind in KINDS:
@@ -228,7 +226,7 @@ def circuit_graph(
     ]
     edges = []
     for layer in range(1, cfg.n_layers):
-        streams = stream_parts(model, tokens, layer, frozen)  # one per layer serves all its readers
+        read = layer_read(model, tokens, layer, frozen)  # one per layer serves all its readers
         for h in range(cfg.n_heads):
-            edges += reader_edges(model, tokens, head_name(layer, h), frozen, threshold, streams)
+            edges += reader_edges(model, tokens, head_name(layer, h), frozen, threshold, read)
     return Circuit(nodes, edges, threshold, described)

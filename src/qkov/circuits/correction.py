@@ -56,8 +56,8 @@ from qkov.circuits.attribution import (
     POSITION,
     ScoreParts,
     induction_target_shares,
+    layer_read,
     score_parts,
-    stream_parts,
     variance_share,
 )
 from qkov.circuits.budget import forward_flop
@@ -278,10 +278,10 @@ def correction(
     cfg = model.cfg
     heads, writers = [], []
     for layer in range(cfg.n_layers):
-        streams = stream_parts(model, tokens, layer, frozen)  # one per layer serves all its heads
+        read = layer_read(model, tokens, layer, frozen)  # one per layer serves all its heads
         for index in range(cfg.n_heads):
             name = head_name(layer, index)
-            parts = score_parts(model, tokens, name, frozen, streams)
+            parts = score_parts(model, tokens, name, frozen, read)
             heads.append(recent_head(parts, frozen.patterns[layer][:, index], start))
             if name in induction:
                 earlier = [head_name(w, h) for w in range(layer) for h in range(cfg.n_heads)]

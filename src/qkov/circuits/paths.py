@@ -43,7 +43,7 @@ from qkov.errors import QkovError
 from qkov.hooks import patterns_only
 from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
-from qkov.loss import shifted_exp_
+from qkov.loss import logit_buffer, logsumexp_, row_losses
 from qkov.model import AttnOnlyTransformer, LayerNorm
 from qkov.names import head_name, hook_name, norm_name, parse_head, scale_hook
 
@@ -277,8 +277,6 @@ class TermImportance:
     scored_by_sequence: list[int] = field(default_factory=list)
 
 
-UNEMBED_ROWS = 1024  # rows of logits at a time in each order's loss: 206 MB at 50257 outputs
-
 # What term importance scores: the ``targets`` given (or None), each scored row's target and the
 # sequence it belongs to.
 _Scored = tuple[Tensor | None, Int[Tensor, " rows"], Int[Tensor, " rows"]]
@@ -305,30 +303,17 @@ def _sequence_losses(
     frozen: Frozen,
     resid: Float[Tensor, "batch pos d_model"],
     scored: _Scored,
-    buffer: Float[Tensor, "rows d_out"],
+    buffer: Float[Tensor, "chunk d_out"],
 ) -> Float[Tensor, " batch"]:
     """Each sequence's summed cross-entropy (float64) of ``resid``'s logits (the final LayerNorm's
-    scale frozen) against the scored rows' targets (:func:`_rows`; ``IGNORE`` rows left out),
-    ``UNEMBED_ROWS`` rows at a time:
-    each a whole-vocabulary product (a smaller chunk would read all of ``W_U`` again for few rows),
-    into ``buffer`` (as many rows: a fresh 200 MB of logits would cost its page faults each time),
-    its ``logsumexp`` taken in place."""
+    scale frozen) against the scored rows' targets (:func:`_rows`; ``IGNORE`` rows left out), the
+    logits formed in ``buffer`` (:func:`qkov.loss.row_losses`)."""
     targets, wanted, sequence = scored
     final = _affine_read(model.ln_final, frozen.scales.get(norm_name(None, "ln_final")), resid)
-    final = _rows(final, targets)
     kept = wanted != IGNORE
-    final, wanted, sequence = final[kept], wanted[kept], sequence[kept]
+    losses = row_losses(_rows(final, targets)[kept], model.W_U, model.b_U, wanted[kept], buffer)
     total = torch.zeros(len(resid), dtype=torch.float64, device=final.device)
-    for first in range(0, len(final), UNEMBED_ROWS):
-        rows = final[first : first + UNEMBED_ROWS]
-        logits = torch.matmul(rows, model.W_U, out=buffer[: len(rows)])
-        if model.b_U is not None:
-            logits += model.b_U
-        chosen = logits.gather(1, wanted[first : first + UNEMBED_ROWS, None])[:, 0]
-        _, sums, top = shifted_exp_(logits)
-        lse = sums[:, 0].log_() + top[:, 0]
-        total.index_add_(0, sequence[first : first + UNEMBED_ROWS], (lse - chosen).double())
-    return total
+    return total.index_add_(0, sequence[kept], losses.double())
 
 
 def _head_writes(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream: Tensor) -> Tensor:
@@ -464,17 +449,23 @@ def _block_logsumexp(
     lse = torch.full((n_heads + 1, len(base)), -torch.inf, dtype=base.dtype, device=base.device)
     sums = torch.zeros((n_heads, len(base)), dtype=base.dtype, device=base.device)
     fast = small.tolist()
+    # Every head's block is written into the same scratch: a fresh 4 MiB block per head came from the
+    # system page by page each time (blocks from 1 MiB up are mapped apart, machine.return_freed_blocks),
+    # and at Llama-3.2-1B's shape those page faults took more time than the products.
+    scratch = torch.empty((2, len(base) * COLUMNS), dtype=base.dtype, device=base.device)
     for first in range(0, base.shape[1], COLUMNS):
         cols = slice(first, first + COLUMNS)
-        every = base[:, cols].clone()
+        width = min(COLUMNS, base.shape[1] - first)
+        every, delta = (part[: len(base) * width].view(len(base), width) for part in scratch)
+        every.copy_(base[:, cols])
         for head in range(n_heads):
-            delta = z[:, head] @ through[head, :, cols]
+            torch.matmul(z[:, head], through[head, :, cols], out=delta)
             every += delta
             if fast[head]:
                 sums[head] += delta.exp_().mul_(weights[:, cols]).sum(1)
             else:
-                lse[head] = torch.logaddexp(lse[head], delta.add_(base[:, cols]).logsumexp(1))
-        lse[-1] = torch.logaddexp(lse[-1], every.logsumexp(1))
+                lse[head] = torch.logaddexp(lse[head], logsumexp_(delta.add_(base[:, cols])))
+        lse[-1] = torch.logaddexp(lse[-1], logsumexp_(every))
     lse[:-1][small] = direct.top[rows] + sums[small].log()
     return lse
 
@@ -525,11 +516,9 @@ def _order_losses(
 ) -> tuple[list[Tensor], Tensor, list[Tensor]]:
     """:func:`term_importance`'s runs by order: the per-sequence loss sums of orders 1 to
     ``n_layers`` (run 0's are read off the direct path's logits, :class:`_Direct`), the direct
-    path's final stream (run 0) and the stream each layer sees in it. Their logits' buffer is let
-    go on return, before the first-order terms take as much again (525 MB at a 128,256-token
-    vocabulary)."""
-    rows = min(UNEMBED_ROWS, len(scored[1]))
-    buffer = torch.empty(rows, model.W_U.shape[1], dtype=model.W_U.dtype, device=model.device)
+    path's final stream (run 0) and the stream each layer sees in it. Their logits' buffer
+    (:func:`qkov.loss.logit_buffer`) is let go on return, before the first-order terms take theirs."""
+    buffer = logit_buffer(len(scored[1]), model.W_U)
     base, inputs, writes = _rerun(model, frozen, start, None)
     first_inputs, losses = inputs, []
     for order in range(1, model.cfg.n_layers + 1):
