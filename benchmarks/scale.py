@@ -6,8 +6,10 @@ or a flat one (Gaussian), then
 
 - **qkov**: ``qkov analyze FOLDER --weights-only`` end to end in a fresh process (its own command
   line code, the model opened lazily, one layer at a time; at the 70B width its embeddings held
-  narrow, in bfloat16, read a block of tokens at a time), each step's wall time and the process's
-  peak resident memory (Linux ``VmHWM``);
+  narrow, in bfloat16, read a block of tokens at a time), each step's wall time, the process's
+  peak resident memory (Linux ``VmHWM``), and the kernel's CPU time and minor page faults in the
+  step (fresh pages: a tensor of 1 MiB or more allocated in a loop comes from the system each
+  time under ``--lazy``, ``qkov.machine.return_freed_blocks``);
 - **TransformerLens 3**: in a fresh process limited to ``--tl-limit`` GiB of address space, its
   ``HookedTransformer`` built from the same config with random weights, then every head's OV
   eigenvalue copying score (``(W_E @ model.OV @ W_U).eigenvalues``, as its docs compute it) and
@@ -68,12 +70,12 @@ SHARD_BYTES = 5 * GiB  # transformers' default max_shard_size
 
 QKOV = textwrap.dedent(
     """
-    import dataclasses, json, sys, time
+    import dataclasses, json, resource, sys, time
     import torch
     import qkov.analyze as analyze
     from qkov.cli import main
 
-    times, peaks, gpu_peaks = {}, {}, {}
+    times, peaks, gpu_peaks, faults = {}, {}, {}, {}
     gpu = sys.argv[4] != "cpu"
 
     def hwm():
@@ -86,7 +88,7 @@ QKOV = textwrap.dedent(
             if gpu:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            started = time.perf_counter()
+            started, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             try:
                 return step.run(ctx)
             finally:
@@ -94,6 +96,8 @@ QKOV = textwrap.dedent(
                     torch.cuda.synchronize()
                     gpu_peaks[step.name] = torch.cuda.max_memory_allocated()
                 times[step.name], peaks[step.name] = time.perf_counter() - started, hwm()
+                after = resource.getrusage(resource.RUSAGE_SELF)  # the kernel's share: fresh pages
+                faults[step.name] = (after.ru_stime - before.ru_stime, after.ru_minflt - before.ru_minflt)
                 line = f"{step.name}: {times[step.name]:.1f} s, peak {peaks[step.name] >> 20} MiB"
                 print(line, file=sys.stderr, flush=True)
         return dataclasses.replace(step, run=run)
@@ -108,6 +112,7 @@ QKOV = textwrap.dedent(
         assert not done.code, done.code
     peak = max([hwm(), *peaks.values()])
     found = {"total": time.perf_counter() - started, "steps": times, "peaks": peaks, "peak": peak}
+    found["faults"] = faults
     print(json.dumps(found | {"gpu_peaks": gpu_peaks}))
     """
 )
@@ -270,7 +275,11 @@ def report(got: dict, scale: float, on_gpu: bool, mode: str) -> None:
         if on_gpu:
             print(f"  {step:22s} {seconds:8.1f} s wall, {peak}, GPU {got['gpu_peaks'][step] / GiB:5.2f} GiB")
         else:
-            print(f"  {step:22s} {seconds:8.1f} s wall {seconds * scale:8.1f} s scaled, {peak}")
+            system, faults = got["faults"][step]
+            print(
+                f"  {step:22s} {seconds:8.1f} s wall {seconds * scale:8.1f} s scaled, {peak}, "
+                f"system {system:5.1f} s, {faults / 1e6:5.2f} M page faults"
+            )
 
 
 def report_transformer_lens(found: dict, scale: float, on_gpu: bool) -> None:
