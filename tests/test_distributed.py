@@ -187,7 +187,8 @@ def test_a_broken_checkpoint_is_one_line_before_any_process_starts(tmp_path):
 def test_a_worker_that_fails_is_one_line_and_the_others_stop_without_a_traceback(tmp_path):
     """A fault that only a worker finds (a layer's weight that is NaN: the checkpoint's check
     before the processes start reads the ends alone): that worker says it in one line, the other
-    says in one line that it cannot go on, and neither torchrun's report nor a traceback follows."""
+    says in one line that it cannot go on (or nothing, when torchrun stopped it first), and neither
+    torchrun's report nor a traceback follows."""
     from safetensors.torch import save_file
 
     from conftest import random_model
@@ -204,6 +205,8 @@ def test_a_worker_that_fails_is_one_line_and_the_others_stop_without_a_traceback
     assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
     errors = [line for line in lines if line.startswith("qkov: error: ")]
     assert sum("blocks.1.attn.W_V has non-finite values" in line for line in errors) == 1
-    assert sum("another analysis process stopped" in line for line in errors) == 1
+    # the other worker says it cannot go on when it meets the failed one at a collective; torchrun
+    # may stop it before then (it stops the others once one has failed), and then it says nothing
+    assert sum("another analysis process stopped" in line for line in errors) <= 1
     assert errors[-1].startswith("qkov: error: analysis processes failed")
     assert not any("torch/distributed/elastic" in line for line in lines)
