@@ -18,9 +18,9 @@ CHUNK_BYTES = 16 * 2**20  # logits of one chunk: 16 MiB, which stay in the last-
 # device. With 1 GiB chunks the paper-size 2-layer model trains at 323k tokens/s on an H200
 # (benchmarks/README.md, gpu_train.py); other chunk sizes were not compared.
 GPU_CHUNK_BYTES = 2**30
-# The logits :func:`row_losses` holds at once, in one buffer reused from call to call: a fresh
-# tensor as large as the rows' logits (534 MB for 1,040 tokens at a 128,256-token vocabulary) came
-# from the system page by page each time, and those page faults took as long as its product.
+# The logits :func:`row_losses` holds at once, in one buffer reused from call to call: a run read
+# for its losses made a logits tensor (534 MB for 1,040 tokens at a 128,256-token vocabulary) and
+# logsumexp a temporary as large, each new memory from the system, page by page, every time.
 LOGIT_BUFFER_BYTES = 256 * 2**20
 
 
