@@ -316,8 +316,14 @@ def main() -> None:
     s = dict(SHAPES[args.shape], vocab=VOCAB.get(args.shape, 128256))
     s["layers"] = args.layers or s["layers"]
     on_gpu = args.device != "cpu"
+    # Decided before the matmul rate and the checkpoint (minutes and GiB at the real shapes).
+    bench_dir = os.environ.get("QKOV_BENCH_DIR")
+    if bench_dir is not None and not Path(bench_dir).is_dir():
+        parser.error(f"QKOV_BENCH_DIR={bench_dir} is not a directory (the checkpoint is written there)")
+    if args.layers is not None and args.layers < 1:
+        parser.error(f"--layers must be at least 1, got {args.layers}")
     if on_gpu and not torch.cuda.is_available():
-        raise SystemExit(f"scale.py: --device {args.device}, but no CUDA device is available here")
+        parser.error(f"--device {args.device}, but no CUDA device is available here")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rate = matmul_rate()
@@ -328,7 +334,7 @@ def main() -> None:
         f"{threads} threads" + (f"; {torch.cuda.get_device_name()}" if on_gpu else "")
     )
     print(f"{args.shape}: {json.dumps(s)}, {args.spectrum} spectrum")
-    with tempfile.TemporaryDirectory(dir=os.environ.get("QKOV_BENCH_DIR")) as tmp:
+    with tempfile.TemporaryDirectory(dir=bench_dir) as tmp:
         started = time.perf_counter()
         size = write_checkpoint(Path(tmp) / "model", s, args.spectrum, args.device)
         shards = len(list((Path(tmp) / "model").glob("*.safetensors")))
