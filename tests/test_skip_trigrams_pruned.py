@@ -10,24 +10,44 @@ from unittest.mock import patch
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 from qkov import FactoredMatrix, topk
 from qkov.circuits import skip_trigrams
 from qkov.circuits.skip_trigrams import HeadCircuits, strongest_skip_trigrams
-from test_topk import PROPERTY, factors, products
+from test_topk import PROPERTY, SCREENS, factors, products, screening
 
 
-@given(products())
+@given(products(), st.sampled_from(SCREENS))
 @PROPERTY
-def test_row_max_bounds_hold_and_the_screened_ones_are_within_their_error(product):
+def test_row_max_bounds_hold_and_the_screened_ones_are_within_their_error(product, screen):
     A, B = product
     dense = (A.double() @ B.double()).amax(1)
     leaf_bound = topk.row_max_bounds(A, B)
-    screened = topk.screened_row_max_bounds(A, B, block_rows=7, block_cols=5)
+    with screening(screen):
+        screened = topk.screened_row_max_bounds(A, B, block_rows=7, block_cols=5)
+        _, gamma = topk._screening(A)
     assert (leaf_bound >= dense).all() and (screened >= dense).all()
-    _, gamma = topk._screening(A)
     error = gamma * A.double().norm(dim=1) * B.double().norm(dim=0).max()
     assert (screened <= dense + 3 * error).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_the_row_maxima_read_off_the_bits_are_amax(dtype):
+    """Rows of mixed signs, all negative, all positive, signed zeros and infinities: the largest
+    and smallest bits as signed integers give each row's ``amax``."""
+    gen = torch.Generator().manual_seed(0)
+    scales = torch.logspace(-30, 30, 50, dtype=torch.float64)
+    rows = torch.randn(6, 50, generator=gen, dtype=torch.float64) * scales
+    rows[1] = -rows[1].abs()
+    rows[2] = rows[2].abs()
+    rows[3, :25], rows[3, 25:] = -0.0, -1.0
+    rows[4, 7], rows[5] = torch.inf, -torch.inf
+    rows = rows.to(dtype)
+    largest = topk._row_max(rows)
+    assert torch.equal(largest, rows.amax(1))
+    assert torch.equal(topk._row_max(rows[[0, 2, 4]]), rows[[0, 2, 4]].amax(1))  # each with a non-negative
+    assert str(largest[3].item()) == "-0.0" and largest[4] == torch.inf and largest[5] == -torch.inf
 
 
 def circuits(kind: str, n: int, r: int, seed: int) -> HeadCircuits:
@@ -60,14 +80,19 @@ def searched(screened: float, k: int, head: HeadCircuits) -> tuple[list, int]:
         return strongest_skip_trigrams(head, k), sum(seen)
 
 
-@pytest.mark.parametrize("screened", [2.0, -1.0], ids=["leaf-bounds", "screened-maxima"])
+@pytest.mark.parametrize(
+    "screened, screen",
+    [(2.0, "float32"), (-1.0, "float32"), (-1.0, "bfloat16")],
+    ids=["leaf-bounds", "screened-maxima", "bfloat16-screened-maxima"],
+)
 @pytest.mark.parametrize("kind", ["gaussian", "trained", "flat-norms", "rank-deficient", "zero"])
 @pytest.mark.parametrize("seed", range(3))
-def test_the_pruned_table_is_the_exhaustive_one(kind, seed, screened):
+def test_the_pruned_table_is_the_exhaustive_one(kind, seed, screened, screen):
     """Continuous circuits have no equal strengths: the same triples, strengths, and order."""
     head = circuits(kind, 300, 6, seed)
     for k in (1, 20, 50):
-        found, _ = searched(screened, k, head)
+        with screening(screen):
+            found, _ = searched(screened, k, head)
         assert table(found) == table(skip_trigrams._exhaustive(head, k))
 
 

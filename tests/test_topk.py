@@ -88,15 +88,23 @@ def stable_descending(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 PATHS = st.sampled_from(["pruned", "streamed"])
+SCREENS = ["float32", "bfloat16"]
+
+
+@contextmanager
+def screening(screen: str):
+    """The CPU's screen in ``screen``, whatever this machine's probe (``topk._bf16_pays``) chose."""
+    with patch.object(topk, "_bf16_pays", lambda threads: screen == "bfloat16"):
+        yield
 
 
 @PROPERTY
-@given(products(), st.integers(1, 60), st.booleans(), st.integers(1, 40), PATHS)
-def test_topk_is_the_dense_product_sorted(product, k, largest, leaf, path):
+@given(products(), st.integers(1, 60), st.booleans(), st.integers(1, 40), PATHS, st.sampled_from(SCREENS))
+def test_topk_is_the_dense_product_sorted(product, k, largest, leaf, path, screen):
     A, B = product
     k = min(k, A.shape[0] * B.shape[1])
     dense = A.double() @ B.double()
-    with small_leaves(leaf, path):
+    with small_leaves(leaf, path), screening(screen):
         found = FactoredMatrix(A, B).topk(k, largest=largest, memory_bytes=leaf * B.shape[1] * 8)
     values, index = stable_descending(dense.flatten() if largest else -dense.flatten())
     assert torch.equal(found.rows * B.shape[1] + found.cols, index[:k])
@@ -189,18 +197,80 @@ def test_skip_trigram_tables_read_in_blocks_are_those_of_the_dense_circuits():
     assert [t.strength for t in streamed] == [t.strength for t in dense]
 
 
+def near_ties(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors whose every row holds 400 near-equal entries, 1e-6 apart under a cancelling +-1000."""
+    A, B = (torch.tensor(x) for x in factors("cancelling", 400, 2, 12, seed))
+    return B.mT.contiguous(), A.mT.contiguous()
+
+
+@pytest.mark.parametrize("screen", SCREENS)
 @pytest.mark.parametrize("path", ["pruned", "streamed"])
 @pytest.mark.parametrize("seed", range(5))
-def test_near_ties_that_float32_misorders_are_decided_in_float64(seed, path):
-    """400 near-equal entries per row, 1e-6 apart under a cancelling +-1000: float32 screening
-    alone misorders them (12 rows in 20 when its error margin is dropped); the answer is the
-    dense float64 order."""
-    A, B = (torch.tensor(x) for x in factors("cancelling", 400, 2, 12, seed))
-    rows, cols = B.mT.contiguous(), A.mT.contiguous()  # each row: 400 near-tied columns
+def test_near_ties_that_the_screen_misorders_are_decided_in_float64(seed, path, screen):
+    """Near-ties (:func:`near_ties`): float32 screening alone misorders them (12 rows in 20 when
+    its error margin is dropped); the answer is the dense float64 order, whichever the screen."""
+    rows, cols = near_ties(seed)
     dense = rows @ cols
-    with small_leaves(topk.LEAF, path):
+    with small_leaves(topk.LEAF, path), screening(screen):
         values, index = topk.largest_entries(rows, cols, 20, block_rows=1)
     want, order = stable_descending(dense.flatten())
     assert torch.equal(index, order[:20])
     scale = float(rows.norm(dim=1).max() * cols.norm(dim=0).max())
     torch.testing.assert_close(values, want[:20], rtol=0, atol=1e-14 * scale)
+
+
+def crossing(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors whose entries ``-d_i`` and ``-d_i / 2`` (``d_i`` in [0, 1)) are the difference of
+    two terms ``L_i`` and ``L_i + d_i`` in [16, 32), where bfloat16's spacing is 1/8: whether
+    ``L_i + d_i`` rounds to another value than ``L_i`` is nearly independent of ``d_i``, so the
+    bfloat16 screen orders the entries nearly at random within 1/8 of each other."""
+    gen = np.random.default_rng(seed)
+    L, d = 16 + 16 * gen.random(400), gen.random(400)
+    A = torch.tensor(np.stack([L, L + d], 1))
+    return A, torch.tensor([[1.0, 0.5], [-1.0, -0.5]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("path", ["pruned", "streamed"])
+@pytest.mark.parametrize("seed", range(5))
+def test_entries_the_bfloat16_screen_misorders_are_decided_in_float64(seed, path):
+    A, B = crossing(seed)
+    with small_leaves(topk.LEAF, path), screening("bfloat16"):
+        values, index = topk.largest_entries(A, B, 20, block_rows=1)
+    want, order = stable_descending((A @ B).flatten())
+    assert torch.equal(index, order[:20]) and torch.equal(values, want[:20])
+
+
+def test_a_bfloat16_screen_with_float32s_margin_misorders_them():
+    """The rule can say no: the entries of :func:`crossing` screened in bfloat16 but decided
+    within float32's error margin are not the dense top 20 (measured: 4 seeds in 5)."""
+    float32_gamma = topk._gamma(2 + 3, topk.UNIT_ROUNDOFF)
+    wrong = 0
+    for seed in range(5):
+        A, B = crossing(seed)
+        bfloat16 = patch.object(topk, "_screening", lambda A: (topk.FAST_SCREEN, float32_gamma))
+        with small_leaves(topk.LEAF, "streamed"), bfloat16:
+            _, index = topk.largest_entries(A, B, 20, block_rows=1)
+        wrong += not torch.equal(index, stable_descending((A @ B).flatten())[1][:20])
+    assert wrong >= 3
+
+
+@PROPERTY
+@given(products())
+def test_the_bfloat16_screen_is_within_its_error_bound(product):
+    """Every entry screened in bfloat16 within ``gamma ||a_i|| ||b_j||`` of the dense float64 one
+    (measured: at most 0.89 of it, at rank 1 and 2, on these kinds)."""
+    A, B = product
+    with screening("bfloat16"):
+        screen, gamma = topk._screening(A)
+    screened = (A.to(screen) @ B.to(screen)).double()
+    dense = A.double() @ B.double()
+    scale = A.double().norm(dim=1)[:, None] * B.double().norm(dim=0)
+    assert screen == torch.bfloat16 and ((screened - dense).abs() <= gamma * scale).all()
+
+
+def test_the_screen_is_bfloat16_only_on_a_cpu_where_it_pays():
+    A = torch.zeros(3, 64)
+    for pays, want in ((True, torch.bfloat16), (False, torch.float32)):
+        with patch.object(topk, "_bf16_pays", lambda threads, pays=pays: pays):
+            assert topk._screening(A)[0] == want
+    assert isinstance(topk._bf16_pays(torch.get_num_threads()), bool)

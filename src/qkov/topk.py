@@ -14,7 +14,7 @@ Bound, then compute what the bound cannot rule out (branch and bound):
   coordinate, its lowest and highest value and its largest tail norm, which bound row ``i``'s
   entries in ``J``: ``max_{j in J} (AB)_ij <= sum_t max(p_it lo_Jt, p_it hi_Jt) + ||tail_i||
   max_J ||tail_j|| + slack`` (one small matmul for a whole leaf of rows).
-- *search*: row leaves in order of their best bound; a leaf's rows are multiplied (float32) only
+- *search*: row leaves in order of their best bound; a leaf's rows are multiplied (screened) only
   with the column leaves whose bound reaches the current ``k``-th best value ``tau``, and the
   search stops when no bound does.
 - *fallback*: a flat spectrum, or flat norms, prune little, and screening leaf by leaf (gathered
@@ -42,6 +42,18 @@ Precision, and the error bounds that make it exact:
   or FMA, plus rounding float64 factors to float32). Every entry whose float32 value lies within
   twice that of the ``k``-th best is *decided* in float64 from the factors; the ``k`` best of those
   are the answer, with their float64 values.
+- or in bfloat16, on a CPU whose bfloat16 products run at least :data:`BF16_GAIN` times its float32
+  ones (measured once per process and thread count, :func:`_bf16_pays`; 1.6-1.7x at screening
+  tiles on an AMD EPYC with AVX512-BF16): the factors rounded to bfloat16 (``u_b = 2^-8``, plus
+  ``2^-24`` where a float64 factor is rounded through float32), their products exact in float32
+  (8-bit significands), summed in float32 (``gamma_r``, ``u = 2^-24``), each entry rounded to
+  bfloat16 (``u_b``): ``|fl(a_i . b_j) - a_i . b_j| <= ((1 + u_b')^2 (1 + gamma_r) (1 + u_b) - 1)
+  ||a_i|| ||b_j||``, about ``3 u_b`` (0.012 of the norms' product), so about 2^16 times more entries
+  are decided in float64 than under a float32 screen: a handful around the ``k``-th best. The
+  answer is the same entries, in the same order, with the same float64 values, as the float32
+  screen's. Not on a GPU, where a bfloat16 product may sum in bfloat16
+  (``allow_bf16_reduced_precision_reduction``).
+- both bounds assume no underflow (entries and factors of norms far above ``2^-126``).
 - ties: equal float64 values are ordered by position (smaller row-major index first), as a stable
   sort of the dense product would order them.
 """
@@ -49,6 +61,8 @@ Precision, and the error bounds that make it exact:
 from __future__ import annotations
 
 import math
+from functools import cache
+from time import perf_counter
 from typing import NamedTuple
 
 import torch
@@ -68,7 +82,15 @@ DECISION_ROWS = 4096  # evenly spaced rows and columns whose product the first e
 SAMPLE_ROWS = 64  # rows whose bounds estimate what the search would screen (64 x 50257: 25 MiB)
 SCREEN = torch.float32
 UNIT_ROUNDOFF = 2.0**-24  # of SCREEN
+FAST_SCREEN = torch.bfloat16
+FAST_UNIT_ROUNDOFF = 2.0**-8  # of FAST_SCREEN (8 significant bits)
+# FAST_SCREEN is used where its tile products run this many times SCREEN's: below it, the 2^16 times
+# more float64 decisions and the looser row maxima would eat the gain.
+BF16_GAIN = 1.25
+PROBE_REPEATS = 5  # timed products per precision in _bf16_pays, the best kept (about 10 ms in all)
+NO_BF16_SLOWDOWN = 20  # a first bfloat16 product this many times float32's best: no instructions for it
 DECIDE = torch.float64
+BITS = {torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}  # same widths
 
 
 class _Leaves(NamedTuple):
@@ -79,7 +101,7 @@ class _Leaves(NamedTuple):
     starts: list[int]  # first position of each leaf, then N
     lead: Float[Tensor, "N p"]
     slack: Float[Tensor, "N 3"]  # nonnegative terms whose products bound the rest (see _basis)
-    norm: Float[Tensor, "N"]  # ||a_i|| (||b_j||): the float32 screening error's scale
+    norm: Float[Tensor, "N"]  # ||a_i|| (||b_j||): the screening error's scale
     lo: Float[Tensor, "L p"]
     hi: Float[Tensor, "L p"]
     slack_max: Float[Tensor, "L 3"]
@@ -220,10 +242,39 @@ def _prepare(A: Float[Tensor, "m r"], basis: _Basis, cols: _Leaves, row_leaf: in
 
 
 def _screening(A: Float[Tensor, "m r"]) -> tuple[torch.dtype, float]:
-    """The screening precision on ``A``'s device and its ``gamma_{r+3}``."""
+    """The screening precision on ``A``'s device and its error's factor (see the module docstring):
+    bfloat16 on a CPU where it pays (:func:`_bf16_pays`), else float32 where matmuls round as IEEE
+    float32, else float64; ``gamma_{r+3}`` of the last two."""
+    r = A.shape[1]
+    if A.device.type == "cpu" and _bf16_pays(torch.get_num_threads()):
+        rounded = FAST_UNIT_ROUNDOFF + 2 * UNIT_ROUNDOFF  # a float64 factor may round through float32
+        return FAST_SCREEN, (1 + rounded) ** 2 * (1 + _gamma(r, UNIT_ROUNDOFF)) * (1 + FAST_UNIT_ROUNDOFF) - 1
     screen = SCREEN if _screen_is_ieee(A.device) else DECIDE
     unit = UNIT_ROUNDOFF if screen == SCREEN else torch.finfo(DECIDE).eps / 2
-    return screen, _gamma(A.shape[1] + 3, unit)
+    return screen, _gamma(r + 3, unit)
+
+
+@cache
+def _bf16_pays(threads: int) -> bool:
+    """Whether a screening tile (``SCREEN_TILE`` rows and columns, rank 64, into a reused buffer as
+    the screens write it) multiplies at least :data:`BF16_GAIN` times faster in bfloat16 than in
+    float32 on this CPU with ``threads`` threads: the best of :data:`PROBE_REPEATS` products each,
+    after two (bfloat16's first builds its kernel: 1.5-2 ms against 0.4 after, on an AMD EPYC).
+    Measured, not read off the CPU's flags: without bfloat16 instructions PyTorch's bfloat16
+    products run about 100 times below float32's, and the probe stops at the first one."""
+    best = {}
+    for dtype in (SCREEN, FAST_SCREEN):
+        a, b = torch.randn(SCREEN_TILE, 64, dtype=dtype), torch.randn(64, SCREEN_TILE, dtype=dtype)
+        out = torch.empty(SCREEN_TILE, SCREEN_TILE, dtype=dtype)
+        times = []
+        for _ in range(PROBE_REPEATS + 2):
+            started = perf_counter()
+            torch.matmul(a, b, out=out)
+            times.append(perf_counter() - started)
+            if dtype == FAST_SCREEN and times[0] > NO_BF16_SLOWDOWN * best[SCREEN]:
+                return False
+        best[dtype] = min(times[2:])
+    return best[SCREEN] >= BF16_GAIN * best[FAST_SCREEN]
 
 
 def _screen_is_ieee(device: torch.device) -> bool:
@@ -442,7 +493,7 @@ def _leaf_candidates(search: _Search, rows: slice, tau: float, k: int) -> tuple[
         return search.a_decide.new_empty(0), live
     screened = _screen(search, rows, live)
     error = search.gamma * search.rows.norm[rows].max() * search.cols.norm[live].max()
-    at_row, at_col = _candidates(screened, screened.amax(1), tau, k, error)
+    at_row, at_col = _candidates(screened, _row_max(screened), tau, k, error)
     positions, cols = at_row + rows.start, live[at_col]
     exact = _decide(search.a_decide, search.b_decide, positions, cols)
     return exact, search.rows.order[positions] * len(search.cols.order) + search.cols.order[cols]
@@ -473,7 +524,7 @@ def _streamed(
         block = a_screen[start : start + rows]
         for first, part, col_max in zip(range(0, n, cols), parts, col_norm, strict=True):
             tile = torch.matmul(block, part, out=buffer[: len(block) * part.shape[1]].view(len(block), -1))
-            best, error = tile.amax(1), gamma * row_max * col_max
+            best, error = _row_max(tile), gamma * row_max * col_max
             if tau > -math.inf and float(best.max()) < tau - error:
                 continue  # no entry can beat tau (_candidates keeps x >= tau - error, nothing else)
             bound = torch.tensor(error, dtype=DECIDE, device=A.device)
@@ -512,20 +563,37 @@ def screened_row_max_bounds(
     block_cols: int = SCREEN_TILE,
 ) -> Float[Tensor, "m"]:
     """An upper bound on each row's largest entry of ``A @ B`` (float64): the row maximum screened
-    in float32 (one streamed pass, a ``block_rows x block_cols`` tile at a time into one reused
-    buffer that stays in cache while its maxima are read) plus twice its error bound
-    ``gamma_{r+3} ||a_i|| max_j ||b_j||`` (see the module docstring; twice, so that the float64
-    sum rounding down cannot cross the true maximum)."""
+    (:func:`_screening`: one streamed pass, a ``block_rows x block_cols`` tile at a time into one
+    reused buffer that stays in cache while its maxima are read) plus its error bound
+    ``gamma ||a_i|| max_j ||b_j||`` (see the module docstring), with ``gamma_{2r+8}`` of float64
+    added for the float64 rounding of the norms (``r`` terms each), their products and the sum, so
+    that the bound cannot round below the true maximum. (The bound used to be twice the screening
+    error, which at the bfloat16 screen's ``gamma`` doubled its looseness for nothing.)"""
     screen, gamma = _screening(A)
     a, b = A.detach(), B.detach()
     a_screen = a.to(screen)
     columns = [b[:, at : at + block_cols].to(screen).contiguous() for at in range(0, b.shape[1], block_cols)]
-    error = 2 * gamma * a.to(DECIDE).norm(dim=1) * b.to(DECIDE).norm(dim=0).max()
+    rounding = _gamma(2 * a.shape[1] + 8, torch.finfo(DECIDE).eps / 2)
+    error = (gamma + rounding) * a.to(DECIDE).norm(dim=1) * b.to(DECIDE).norm(dim=0).max()
     buffer = torch.empty(min(block_rows, len(a)) * min(block_cols, b.shape[1]), dtype=screen, device=a.device)
     best = torch.full((len(a),), -math.inf, dtype=screen, device=a.device)
     for at in range(0, len(a), block_rows):
         rows, held = a_screen[at : at + block_rows], best[at : at + block_rows]
         for part in columns:
             tile = torch.matmul(rows, part, out=buffer[: len(rows) * part.shape[1]].view(len(rows), -1))
-            torch.maximum(held, tile.amax(1), out=held)
+            torch.maximum(held, _row_max(tile), out=held)
     return best.to(DECIDE) + error
+
+
+def _row_max(tile: Float[Tensor, "b c"]) -> Float[Tensor, "b"]:
+    """Each row's largest entry (``tile.amax(1)``, ``c >= 1``), read off the entries' bits as signed
+    integers (:data:`BITS`): an IEEE float's sign is the integer's, a non-negative float orders as
+    its bits and a negative one in reverse (its magnitude's bits follow the sign bit), so a row's
+    largest bits are its largest float unless every float is negative, when its smallest bits are.
+    A bfloat16 ``amax`` ran at a sixth of the speed of this (18 against 2.5-3.6 ms per 128 tiles of
+    1024 x 1024, 2 threads): as much time as the bfloat16 products saved."""
+    bits = tile.view(BITS[tile.dtype])
+    highest = bits.amax(1)
+    if bool((highest >= 0).all()):  # the usual case: the second pass (amin) is not needed
+        return highest.view(tile.dtype)
+    return torch.where(highest >= 0, highest, bits.amin(1)).view(tile.dtype)
