@@ -112,20 +112,29 @@ def best_of(repeats: int, *runs):
     return found
 
 
+def screened_in(screen: str, search):
+    """``counted(search)`` with the screen in ``screen`` ("bfloat16" or "float32"), whatever
+    ``qkov.topk._bf16_pays`` would choose here."""
+    with patch.object(pruned, "_bf16_pays", lambda threads: screen == "bfloat16"):
+        return counted(search)
+
+
 def compare_topk(before, A, B, k: int, floor: float, repeats: int) -> None:
-    (old, t_old, m_old), (new, t_new, m_new, count, streamed) = best_of(
+    """The exhaustive search against the new one screening in float32 and in bfloat16."""
+    (old, t_old, m_old), *news = best_of(
         repeats,
         lambda: measure(lambda: before.FactoredMatrix(A, B).topk(k)),
-        lambda: counted(lambda: FactoredMatrix(A, B).topk(k)),
+        *(lambda s=s: screened_in(s, lambda: FactoredMatrix(A, B).topk(k)) for s in ("float32", "bfloat16")),
     )
-    agree = torch.equal(old.rows * B.shape[1] + old.cols, new.rows * B.shape[1] + new.cols)
-    diff = float((old.values.double() - new.values.double()).abs().max())
-    how = "streamed" if streamed else f"pruned, screened {count / A.shape[0] / B.shape[1]:.4%}"
-    print(
-        f"  top-{k}: exhaustive {t_old:6.2f} s {m_old / 2**20:6.0f} MiB | new {t_new:6.2f} s "
-        f"{m_new / 2**20:5.0f} MiB | {t_old / t_new:5.2f}x; floor {floor:.2f} s; {how}; same entries: "
-        f"{agree} (values within {diff:.1e})"
-    )
+    for screen, (new, t_new, m_new, count, streamed) in zip(("float32", "bfloat16"), news, strict=True):
+        agree = torch.equal(old.rows * B.shape[1] + old.cols, new.rows * B.shape[1] + new.cols)
+        diff = float((old.values.double() - new.values.double()).abs().max())
+        how = "streamed" if streamed else f"pruned, screened {count / A.shape[0] / B.shape[1]:.4%}"
+        print(
+            f"  top-{k}: exhaustive {t_old:6.2f} s {m_old / 2**20:6.0f} MiB | new, {screen} screen "
+            f"{t_new:6.2f} s {m_new / 2**20:5.0f} MiB | {t_old / t_new:5.2f}x; floor {floor:.2f} s; {how}; "
+            f"same entries: {agree} (values within {diff:.1e})"
+        )
 
 
 def compare_per_row(before, A, B, k: int, rows: int, repeats: int) -> None:
