@@ -175,8 +175,9 @@ def _strength_bound(qk_max: Tensor, ov_max: Tensor) -> Tensor:
 
 def _tightened(circuits: HeadCircuits, bounds: Tensor, tau: float) -> Tensor:
     """``bounds`` (from the leaves' boxes), or where they leave more than :data:`SCREENED_FRACTION`
-    of the sources at or above ``tau``, the tighter bounds from the maxima screened in float32 (one
-    pass over both circuits: the exhaustive search's matmuls, without its top-k)."""
+    of the sources at or above ``tau``, the tighter bounds from the screened maxima (one pass over
+    both circuits, in float32 or in bfloat16 where that pays: the exhaustive search's matmuls,
+    without its top-k; :func:`qkov.topk.screened_row_max_bounds`)."""
     if float((bounds >= tau).double().mean()) <= SCREENED_FRACTION:
         return bounds
     qk, ov = circuits.qk.T, circuits.ov
