@@ -276,6 +276,31 @@ def test_the_bfloat16_screen_is_within_its_error_bound(product):
     assert screen == torch.bfloat16 and ((screened - dense).abs() <= gamma * scale).all()
 
 
+@pytest.mark.parametrize(
+    "bfloat16_ms, pays",
+    [
+        ([20.0, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4], True),  # the first builds the kernel (measured 2.4-20 ms)
+        ([1.5, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8], False),  # 1.1x float32's: not worth it
+        ([120.0, 95.0], False),  # no bfloat16 instructions: stops after the second product
+    ],
+)
+def test_the_probe_times_bfloat16_after_its_kernel_is_built(bfloat16_ms, pays):
+    """``_bf16_pays`` on a fake clock: float32's tile products take 0.9 ms (the first 2.4), the
+    bfloat16 ones as given; the decision, and how many bfloat16 products it took."""
+    clock, calls = [0.0], []
+    float32_ms = iter([2.4] + [0.9] * (topk.PROBE_REPEATS + 1))
+    bfloat16 = iter(bfloat16_ms)
+
+    def fake_matmul(a, b, out):
+        calls.append(a.dtype)
+        clock[0] += (next(float32_ms) if a.dtype == torch.float32 else next(bfloat16)) / 1e3
+
+    fake_clock = patch.object(topk, "perf_counter", lambda: clock[0])
+    with patch.object(topk.torch, "matmul", fake_matmul), fake_clock:
+        assert topk._bf16_pays.__wrapped__(2) is pays
+    assert calls.count(torch.bfloat16) == (2 if bfloat16_ms[0] > 100 else topk.PROBE_REPEATS + 2)
+
+
 def test_the_screen_is_bfloat16_only_on_a_cpu_where_it_pays():
     A = torch.zeros(3, 64)
     for pays, want in ((True, torch.bfloat16), (False, torch.float32)):

@@ -88,7 +88,7 @@ FAST_UNIT_ROUNDOFF = 2.0**-8  # of FAST_SCREEN (8 significant bits)
 # more float64 decisions and the looser row maxima would eat the gain.
 BF16_GAIN = 1.25
 PROBE_REPEATS = 5  # timed products per precision in _bf16_pays, the best kept (about 10 ms in all)
-NO_BF16_SLOWDOWN = 20  # a first bfloat16 product this many times float32's best: no instructions for it
+NO_BF16_SLOWDOWN = 20  # a second bfloat16 product this many times float32's best: no instructions for it
 DECIDE = torch.float64
 BITS = {torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}  # same widths
 
@@ -259,9 +259,10 @@ def _bf16_pays(threads: int) -> bool:
     """Whether a screening tile (``SCREEN_TILE`` rows and columns, rank 64, into a reused buffer as
     the screens write it) multiplies at least :data:`BF16_GAIN` times faster in bfloat16 than in
     float32 on this CPU with ``threads`` threads: the best of :data:`PROBE_REPEATS` products each,
-    after two (bfloat16's first builds its kernel: 1.5-2 ms against 0.4 after, on an AMD EPYC).
-    Measured, not read off the CPU's flags: without bfloat16 instructions PyTorch's bfloat16
-    products run about 100 times below float32's, and the probe stops at the first one."""
+    after two. bfloat16's first product builds its kernel: 2.4-20 ms against 0.4 after, on an AMD
+    EPYC, so it is never timed. Measured, not read off the CPU's flags: without bfloat16
+    instructions PyTorch's bfloat16 products run about 100 times below float32's, and the probe
+    stops at the second one."""
     best = {}
     for dtype in (SCREEN, FAST_SCREEN):
         a, b = torch.randn(SCREEN_TILE, 64, dtype=dtype), torch.randn(64, SCREEN_TILE, dtype=dtype)
@@ -271,7 +272,7 @@ def _bf16_pays(threads: int) -> bool:
             started = perf_counter()
             torch.matmul(a, b, out=out)
             times.append(perf_counter() - started)
-            if dtype == FAST_SCREEN and times[0] > NO_BF16_SLOWDOWN * best[SCREEN]:
+            if dtype == FAST_SCREEN and len(times) == 2 and times[1] > NO_BF16_SLOWDOWN * best[SCREEN]:
                 return False
         best[dtype] = min(times[2:])
     return best[SCREEN] >= BF16_GAIN * best[FAST_SCREEN]
