@@ -43,16 +43,16 @@ Precision, and the error bounds that make it exact:
   twice that of the ``k``-th best is *decided* in float64 from the factors; the ``k`` best of those
   are the answer, with their float64 values.
 - or in bfloat16, on a CPU whose bfloat16 products run at least :data:`BF16_GAIN` times its float32
-  ones (measured once per process and thread count, :func:`_bf16_pays`; 1.6-1.7x at screening
-  tiles on an AMD EPYC with AVX512-BF16): the factors rounded to bfloat16 (``u_b = 2^-8``, plus
-  ``2^-24`` where a float64 factor is rounded through float32), their products exact in float32
-  (8-bit significands), summed in float32 (``gamma_r``, ``u = 2^-24``), each entry rounded to
-  bfloat16 (``u_b``): ``|fl(a_i . b_j) - a_i . b_j| <= ((1 + u_b')^2 (1 + gamma_r) (1 + u_b) - 1)
-  ||a_i|| ||b_j||``, about ``3 u_b`` (0.012 of the norms' product), so about 2^16 times more entries
-  are decided in float64 than under a float32 screen: a handful around the ``k``-th best. The
-  answer is the same entries, in the same order, with the same float64 values, as the float32
-  screen's. Not on a GPU, where a bfloat16 product may sum in bfloat16
-  (``allow_bf16_reduced_precision_reduction``).
+  ones (measured once per process and thread count, :func:`_bf16_pays`; on an AMD EPYC with
+  AVX512-BF16, 2.3x for the products alone, 1.7-2.0x for whole screens): the factors rounded to
+  bfloat16 (``u_b = 2^-8``, plus ``2^-24`` where a float64 factor is rounded through float32),
+  their products exact in float32 (8-bit significands), summed in float32 (``gamma_r``,
+  ``u = 2^-24``), each entry rounded to bfloat16 (``u_b``), so that
+  ``|fl(a_i . b_j) - a_i . b_j| <= ((1 + u_b')^2 (1 + gamma_r) (1 + u_b) - 1) ||a_i|| ||b_j||``,
+  about ``3 u_b`` (0.012 of the norms' product): about 2^16 times more entries are decided in
+  float64 than under a float32 screen, a handful around the ``k``-th best. The answer is the same
+  entries, in the same order, with the same float64 values, as the float32 screen's. Not on a GPU,
+  where a bfloat16 product may sum in bfloat16 (``allow_bf16_reduced_precision_reduction``).
 - both bounds assume no underflow (entries and factors of norms far above ``2^-126``).
 - ties: equal float64 values are ordered by position (smaller row-major index first), as a stable
   sort of the dense product would order them.
