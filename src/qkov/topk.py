@@ -87,7 +87,7 @@ FAST_UNIT_ROUNDOFF = 2.0**-8  # of FAST_SCREEN (8 significant bits)
 # FAST_SCREEN is used where its tile products run this many times SCREEN's: below it, the 2^16 times
 # more float64 decisions and the looser row maxima would eat the gain.
 BF16_GAIN = 1.25
-PROBE_REPEATS = 5  # timed products per precision in _bf16_pays, the best kept (about 10 ms in all)
+PROBE_REPEATS = 5  # timed products per precision in _bf16_pays, the best kept (12-14 ms in all, measured)
 NO_BF16_SLOWDOWN = 20  # a second bfloat16 product this many times float32's best: no instructions for it
 DECIDE = torch.float64
 BITS = {torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}  # same widths
@@ -593,6 +593,8 @@ def _row_max(tile: Float[Tensor, "b c"]) -> Float[Tensor, "b"]:
     largest bits are its largest float unless every float is negative, when its smallest bits are.
     A bfloat16 ``amax`` ran at a sixth of the speed of this (18 against 2.5-3.6 ms per 128 tiles of
     1024 x 1024, 2 threads): as much time as the bfloat16 products saved."""
+    if tile.device.type != "cpu":  # an accelerator's amax is fast; the check below would wait on it
+        return tile.amax(1)
     bits = tile.view(BITS[tile.dtype])
     highest = bits.amax(1)
     if bool((highest >= 0).all()):  # the usual case: the second pass (amin) is not needed
