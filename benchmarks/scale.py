@@ -26,6 +26,9 @@ Times are scaled to a 100 GFLOP/s float32 core (wall x the one-thread matmul rat
         --steps spectra,copying,composition --no-tl
     flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.2-1b --full --no-tl
                                         # every step, behaviour included (qkov analyze --lazy)
+    git worktree add --detach ../old main && \
+    flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.2-1b --full --no-tl --old ../old
+                                        # the code of ../old first, on the same checkpoint
     python benchmarks/scale.py --shape tiny            # the script itself, in a few seconds
     python benchmarks/scale.py --shape llama-3.1-8b --device cuda    # on one GPU (gpu_checks.sh)
 
@@ -240,8 +243,8 @@ def write_checkpoint(folder: Path, s: dict, spectrum: str, device: str) -> int:
     return total
 
 
-def run_qkov(folder: Path, out: Path, steps: str, device: str, mode: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(SRC))
+def run_qkov(folder: Path, out: Path, steps: str, device: str, mode: str, src: Path = SRC) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(src))
     done = subprocess.run(  # each step's line on stderr as it ends, to follow a long run
         [sys.executable, "-c", QKOV, str(folder), str(out), steps, device, mode],
         stdout=subprocess.PIPE, text=True, env=env,
@@ -307,6 +310,9 @@ def main() -> None:
     parser.add_argument("--no-tl", action="store_true", help="leave TransformerLens out")
     parser.add_argument("--steps", default="", help="qkov analyze --steps (default: every weights-only step)")
     parser.add_argument(
+        "--old", type=Path, help="a worktree of the code to compare with, run first on the same checkpoint"
+    )
+    parser.add_argument(
         "--full",
         action="store_true",
         help="every step, behaviour included (qkov analyze --lazy: each forward pass reads the layers "
@@ -324,6 +330,8 @@ def main() -> None:
         parser.error(f"--layers must be at least 1, got {args.layers}")
     if on_gpu and not torch.cuda.is_available():
         parser.error(f"--device {args.device}, but no CUDA device is available here")
+    if args.old is not None and not (args.old / "src" / "qkov").is_dir():
+        parser.error(f"--old {args.old}: not a worktree of qkov (no src/qkov in it)")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rate = matmul_rate()
@@ -340,8 +348,14 @@ def main() -> None:
         shards = len(list((Path(tmp) / "model").glob("*.safetensors")))
         print(f"written: {size / GiB:.2f} GiB in {shards} shards, {time.perf_counter() - started:.0f} s")
         mode = "--lazy" if args.full else "--weights-only"
-        got = run_qkov(Path(tmp) / "model", Path(tmp) / "out", args.steps, args.device, mode)
-        report(got, scale, on_gpu, mode)
+        runs = {"old": args.old / "src", "new": SRC} if args.old else {"new": SRC}
+        walls = {}
+        for name, src in runs.items():  # the old code first, each in a fresh process
+            got = run_qkov(Path(tmp) / "model", Path(tmp) / f"out-{name}", args.steps, args.device, mode, src)
+            report(got, scale, on_gpu, mode + (f" ({name} code)" if args.old else ""))
+            walls[name] = got["total"]
+        if args.old:
+            print(f"  new / old wall time: {walls['new'] / walls['old']:.2f}x")
     if args.no_tl:
         return
     limit = "its GPU's memory" if on_gpu else f"address space limited to {args.tl_limit:g} GiB"

@@ -3,9 +3,11 @@ the time estimate ``qkov reproduce`` prints."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,3 +99,48 @@ def test_freed_blocks_are_mapped_apart_once_asked():
 
     assert mapped("default") == 0
     assert mapped("set") >= 2**21
+
+
+HUGE_PAGES = textwrap.dedent(
+    """
+    import sys, torch
+    from qkov.cli import main
+
+    try:
+        main(["--version"])
+    except SystemExit:
+        pass
+    block = torch.ones(2**24)  # 64 MiB, touched
+    rollup = open("/proc/self/smaps_rollup").read().splitlines()
+    print(next(int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages:")))
+    """
+)
+
+
+def _thp_mode() -> str | None:
+    """The kernel's transparent huge page mode (``always``, ``madvise``, ``never``), None off Linux."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text.split("[")[1].split("]")[0]
+
+
+@pytest.mark.parametrize("preset", [None, "0"])
+def test_the_command_asks_for_huge_pages_unless_told_not_to(preset):
+    """``qkov`` sets PyTorch's ``THP_MEM_ALLOC_ENABLE`` before its first tensor, so that a 64 MiB
+    tensor is backed by huge pages where the kernel gives them on request; a user's 0 is kept (and
+    then, under the ``madvise`` mode, it gets none)."""
+    mode = _thp_mode()
+    if mode in (None, "never"):
+        pytest.skip("no transparent huge pages on this kernel")
+    if preset is not None and mode != "madvise":
+        pytest.skip(f"the kernel gives huge pages unasked ({mode}): a user's 0 changes nothing to see")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if preset is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = preset
+    run = subprocess.run(
+        [sys.executable, "-c", HUGE_PAGES], capture_output=True, text=True, check=True, env=env
+    )
+    huge_kib = int(run.stdout.split()[-1])  # after --version's line
+    assert huge_kib >= 2048 if preset is None else huge_kib == 0
