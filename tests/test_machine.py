@@ -107,7 +107,7 @@ HUGE_PAGES = textwrap.dedent(
     from qkov.cli import main
 
     try:
-        main(["--version"])
+        main(["analyze", "no-such-folder", *sys.argv[1:]])  # one line and exit status 2, no tensor
     except SystemExit:
         pass
     block = torch.ones(2**24)  # 64 MiB, touched
@@ -126,21 +126,23 @@ def _thp_mode() -> str | None:
     return text.split("[")[1].split("]")[0]
 
 
-@pytest.mark.parametrize("preset", [None, "0"])
-def test_the_command_asks_for_huge_pages_unless_told_not_to(preset):
-    """``qkov`` sets PyTorch's ``THP_MEM_ALLOC_ENABLE`` before its first tensor, so that a 64 MiB
-    tensor is backed by huge pages where the kernel gives them on request; a user's 0 is kept (and
-    then, under the ``madvise`` mode, it gets none)."""
+@pytest.mark.parametrize(
+    ("flags", "preset", "huge"),
+    [(["--lazy"], None, True), (["--weights-only"], None, True), ([], None, False), (["--lazy"], "0", False)],
+)
+def test_a_lazy_analysis_asks_for_huge_pages_unless_told_not_to(flags, preset, huge):
+    """``qkov analyze --lazy`` (or ``--weights-only``) sets PyTorch's ``THP_MEM_ALLOC_ENABLE``
+    before its first tensor, so that a 64 MiB tensor is backed by huge pages where the kernel gives
+    them on request (its ``madvise`` mode); an analysis of a model read whole does not, and a
+    user's 0 is kept."""
     mode = _thp_mode()
-    if mode in (None, "never"):
-        pytest.skip("no transparent huge pages on this kernel")
-    if preset is not None and mode != "madvise":
-        pytest.skip(f"the kernel gives huge pages unasked ({mode}): a user's 0 changes nothing to see")
+    if mode != "madvise":
+        pytest.skip(f"the kernel's huge pages are {mode}: not given on request alone")
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
     if preset is not None:
         env["THP_MEM_ALLOC_ENABLE"] = preset
     run = subprocess.run(
-        [sys.executable, "-c", HUGE_PAGES], capture_output=True, text=True, check=True, env=env
+        [sys.executable, "-c", HUGE_PAGES, *flags], capture_output=True, text=True, check=True, env=env
     )
-    huge_kib = int(run.stdout.split()[-1])  # after --version's line
-    assert huge_kib >= 2048 if preset is None else huge_kib == 0
+    huge_kib = int(run.stdout)
+    assert huge_kib >= 2048 if huge else huge_kib == 0

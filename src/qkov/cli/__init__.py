@@ -22,13 +22,13 @@ from qkov.errors import QkovError
 
 # PyTorch gives its CPU tensors of 2 MiB and up transparent huge pages (madvise) when this is set at
 # its first allocation; a value the user set is kept (0: off). A lazy analysis maps every such
-# temporary fresh from the system (machine.return_freed_blocks): at Llama-3.2-1B's shape its steps
-# took 5.8x fewer page faults and a third less system time (benchmarks/README.md, "Huge pages").
+# temporary fresh from the system (machine.return_freed_blocks): at Llama-3.2-1B's shape it took
+# 5.8x fewer page faults and a third less system time. Only there: GPT-2's analyze read whole,
+# whose heap keeps its blocks, took 1.04-1.08x the time with it (benchmarks/README.md, "Huge pages").
 HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
 
 
 def main(argv: list[str] | None = None) -> None:
-    os.environ.setdefault(HUGE_PAGES, "1")  # before any tensor: torch reads it once
     from qkov import __version__
 
     parser = Parser(prog="qkov", description="Transformer circuits, read off the weights.")
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
         if callable(getattr(stream, "reconfigure", None)):
             stream.reconfigure(errors="backslashreplace")
     args = parser.parse_args(argv)
+    if getattr(args, "weights_only", False) or getattr(args, "lazy", False):
+        os.environ.setdefault(HUGE_PAGES, "1")  # before any tensor: torch reads it once
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         {
