@@ -291,11 +291,11 @@ class FactoredMatrix:
         Exact, and where the product's spectrum allows, most of the ``m x n`` entries are never
         computed: bounds from its singular coordinates rule out whole blocks, the rest are screened
         (in float32, or bfloat16 on a CPU where that pays) and the boundary cases decided in
-        float64; where the bounds would rule out too
-        little (a flat spectrum), the product is streamed whole, its boundary cases decided in
-        float64 too (:func:`qkov.topk.largest_entries`, whose docstring states the rule and the
-        error bounds). Values are the float64 entries in this matrix's dtype. Memory: a block of at
-        most ``memory_bytes`` (and 128 rows) at a time, never the product.
+        float64; where the bounds would rule out too little (a flat spectrum), the product is
+        streamed whole, its boundary cases decided in float64 too (:func:`qkov.topk.largest_entries`,
+        whose docstring states the rule and the error bounds). Values are the float64 entries in this
+        matrix's dtype. Memory: a block of at most ``memory_bytes`` (and 128 rows) at a time, never
+        the product.
         """
         if not 1 <= k <= self.m * self.n:
             raise QkovError(f"k must lie in [1, {self.m * self.n}], got {k}")
