@@ -331,9 +331,14 @@ def _layer_write(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream:
     return post_linear(model, frozen, layer, block.attn.layer_write(x, frozen.patterns[layer]), False)
 
 
-# The first-order losses go through the logits a [ROWS, COLUMNS] block at a time, which stays in
-# cache: at GPT-2 small's shapes the rank-64 products ran 3x faster so than over whole rows.
-ROWS, COLUMNS = 256, 4096
+# The first-order losses go through the logits a block of at most ROWS rows (the rows split evenly,
+# :func:`_row_blocks`) and COLUMNS columns at a time, which stays in cache: at GPT-2 small's shapes
+# the rank-64 products ran 3x faster so than over whole rows. Many rows by few columns beat few by
+# many: a product 64 deep runs faster on more rows (184-190 against 154-158 GFLOP/s on 2 threads),
+# and 1,032 x 512 blocks (2 MiB) need a third of the cache. At GPT-2 small's and Llama-3.2-1B's
+# shapes they took 0.85-0.89x the time of 256 x 4096 blocks, and 0.52-0.57x while other work shared
+# the machine's cache (benchmarks/paths.py --first-order).
+ROWS, COLUMNS = 2048, 512
 # A head whose logit terms are at most REACH nats in size on a block of rows (Cauchy-Schwarz, row by
 # row) has its logsumexp summed in exp space: exp(term) times the direct path's exp(logit - row
 # max), formed once, so one exp and one multiply-add an entry instead of logsumexp's passes. Within
@@ -424,8 +429,7 @@ def _first_order(
         column_square.addcmul_(coordinate, coordinate)
     reach = z.norm(dim=2) * column_square.amax(1).sqrt()  # [rows, n_heads]: |z_h @ M_h| at most
     sums = torch.zeros(n_heads + 1, dtype=torch.float64, device=z.device)
-    for first in range(0, len(direct.logits), ROWS):
-        rows = slice(first, first + ROWS)
+    for rows in _row_blocks(len(direct.logits), ROWS):
         lse = _block_logsumexp(direct, rows, z[rows], through, reach[rows].amax(0) <= REACH)
         heads = einsum(z[rows], through[:, :, direct.target[rows]], "row head d, head d row -> head row")
         logit = direct.target_logit[rows] + torch.cat([heads, heads.sum(0, keepdim=True)])
@@ -433,6 +437,13 @@ def _first_order(
     count, base = int(direct.kept.sum()), direct.loss_sum()
     losses = [(base - total) / count for total in sums.tolist()]
     return losses[-1], losses[:-1]
+
+
+def _row_blocks(count: int, most: int) -> list[slice]:
+    """``range(count)`` in the fewest blocks of at most ``most`` rows, as even as can be: 1,032 rows
+    in blocks of at most 1,024 are two of 516, not 1,024 and a block of 8 whose products run slowly."""
+    blocks = -(-count // most)
+    return [slice(count * block // blocks, count * (block + 1) // blocks) for block in range(blocks)]
 
 
 def _block_logsumexp(
