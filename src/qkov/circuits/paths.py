@@ -335,9 +335,9 @@ def _layer_write(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream:
 # :func:`_row_blocks`) and COLUMNS columns at a time, which stays in cache: at GPT-2 small's shapes
 # the rank-64 products ran 3x faster so than over whole rows. Many rows by few columns beat few by
 # many: a product 64 deep runs faster on more rows (184-190 against 154-158 GFLOP/s on 2 threads),
-# and 1,032 x 512 blocks (2 MiB) need a third of the cache. At GPT-2 small's and Llama-3.2-1B's
-# shapes they took 0.85-0.89x the time of 256 x 4096 blocks, and 0.52-0.57x while other work shared
-# the machine's cache (benchmarks/paths.py --first-order).
+# and the loop's four 1,032 x 512 blocks (2 MiB each) fit in half the cache that 256 x 4096 blocks
+# take. At GPT-2 small's and Llama-3.2-1B's shapes they took 0.85-0.89x the time of 256 x 4096
+# blocks (benchmarks/paths.py --first-order), and 0.52-0.57x minutes before on a busier machine.
 ROWS, COLUMNS = 2048, 512
 # A head whose logit terms are at most REACH nats in size on a block of rows (Cauchy-Schwarz, row by
 # row) has its logsumexp summed in exp space: exp(term) times the direct path's exp(logit - row
