@@ -18,6 +18,8 @@ imported with ``qkov import``; then
 
     git worktree add --detach /tmp/old-h15 main
     flock /tmp/qkov-heavy.lock python benchmarks/analyze_gpt2.py --old /tmp/old-h15
+    flock /tmp/qkov-heavy.lock python benchmarks/analyze_gpt2.py --old /tmp/old-h15 --abba
+                                        # old, new, new, old: a drifting machine favours neither
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from qkov.report import render_report
 from qkov.results import Results, write_results
 
 from peak_memory import measure
+from side_by_side import ratio_line, run_order
 
 
 def build(folder: Path, n_ctx: int, layers: int):
@@ -168,9 +171,14 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--old", type=Path, help="a worktree of the code to compare with (e.g. main's HEAD)")
+    parser.add_argument("--abba", action="store_true", help="with --old: run old, new, new, old")
     parser.add_argument("--stages", action="store_true", help="also time each step in this process")
     parser.add_argument("--transformer-lens", action="store_true", help="also time TransformerLens")
     args = parser.parse_args()
+    if args.old is not None and not (args.old / "src" / "qkov").is_dir():
+        parser.error(f"--old {args.old}: not a worktree of qkov (no src/qkov in it)")
+    if args.abba and args.old is None:
+        parser.error("--abba orders the runs of --old and the new code: give --old too")
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -182,17 +190,18 @@ def main() -> None:
             f"n_ctx {args.n_ctx}; {args.threads} threads, torch {torch.__version__}"
         )
         print(f"fp32 matmul rate before: {matmul_rate() / 1e9:.0f} GFLOP/s, load {os.getloadavg()[0]:.1f}")
-        runs = [("old", args.old), ("new", None)] if args.old else [("new", None)]
-        walls = {}
-        for name, src in runs:
-            out = folder / f"out-{name}"
-            walls[name], peak = end_to_end(folder / "qkov", out, args.threads, src)
+        runs = run_order(args.old, None, args.abba) if args.old else [("new", None)]
+        walls: dict[str, list[float]] = {"old": [], "new": []}
+        for index, (name, src) in enumerate(runs):
+            out = folder / f"out-{index}-{name}"
+            wall, peak = end_to_end(folder / "qkov", out, args.threads, src)
+            walls[name].append(wall)
             load = os.getloadavg()[0]
-            figures = f"{walls[name]:.1f} s wall, {peak:.2f} GB peak RSS (load {load:.1f})"
+            figures = f"{wall:.1f} s wall, {peak:.2f} GB peak RSS (load {load:.1f})"
             print(f"qkov analyze end to end, {name}: {figures}")
             print(f"  {used(out)}")
         if args.old:
-            print(f"  new / old wall time: {walls['new'] / walls['old']:.2f}x")
+            print(ratio_line(walls))
         print(f"fp32 matmul rate after: {matmul_rate() / 1e9:.0f} GFLOP/s, load {os.getloadavg()[0]:.1f}")
         if args.stages or args.transformer_lens:
             print("qkov analyze, step by step:")

@@ -29,6 +29,7 @@ Times are scaled to a 100 GFLOP/s float32 core (wall x the one-thread matmul rat
     git worktree add --detach ../old main && \
     flock /tmp/qkov-heavy.lock python benchmarks/scale.py --shape llama-3.2-1b --full --no-tl --old ../old
                                         # the code of ../old first, on the same checkpoint
+                                        # (--abba: old, new, new, old)
     python benchmarks/scale.py --shape tiny            # the script itself, in a few seconds
     python benchmarks/scale.py --shape llama-3.1-8b --device cuda    # on one GPU (gpu_checks.sh)
 
@@ -53,6 +54,8 @@ from pathlib import Path
 import torch
 
 from qkov.machine import matmul_rate
+
+from side_by_side import ratio_line, run_order
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 GiB = 2**30
@@ -312,6 +315,7 @@ def main() -> None:
     parser.add_argument(
         "--old", type=Path, help="a worktree of the code to compare with, run first on the same checkpoint"
     )
+    parser.add_argument("--abba", action="store_true", help="with --old: run old, new, new, old")
     parser.add_argument(
         "--full",
         action="store_true",
@@ -332,6 +336,8 @@ def main() -> None:
         parser.error(f"--device {args.device}, but no CUDA device is available here")
     if args.old is not None and not (args.old / "src" / "qkov").is_dir():
         parser.error(f"--old {args.old}: not a worktree of qkov (no src/qkov in it)")
+    if args.abba and args.old is None:
+        parser.error("--abba orders the runs of --old and the new code: give --old too")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rate = matmul_rate()
@@ -348,14 +354,15 @@ def main() -> None:
         shards = len(list((Path(tmp) / "model").glob("*.safetensors")))
         print(f"written: {size / GiB:.2f} GiB in {shards} shards, {time.perf_counter() - started:.0f} s")
         mode = "--lazy" if args.full else "--weights-only"
-        runs = {"old": args.old / "src", "new": SRC} if args.old else {"new": SRC}
-        walls = {}
-        for name, src in runs.items():  # the old code first, each in a fresh process
-            got = run_qkov(Path(tmp) / "model", Path(tmp) / f"out-{name}", args.steps, args.device, mode, src)
+        runs = run_order(args.old / "src", SRC, args.abba) if args.old else [("new", SRC)]
+        walls: dict[str, list[float]] = {"old": [], "new": []}
+        for index, (name, src) in enumerate(runs):  # the old code first, each in a fresh process
+            out = Path(tmp) / f"out-{index}-{name}"
+            got = run_qkov(Path(tmp) / "model", out, args.steps, args.device, mode, src)
             report(got, scale, on_gpu, mode + (f" ({name} code)" if args.old else ""))
-            walls[name] = got["total"]
+            walls[name].append(got["total"])
         if args.old:
-            print(f"  new / old wall time: {walls['new'] / walls['old']:.2f}x")
+            print(ratio_line(walls))
     if args.no_tl:
         return
     limit = "its GPU's memory" if on_gpu else f"address space limited to {args.tl_limit:g} GiB"

@@ -1,0 +1,27 @@
+"""The code before against this code in one run (``--old``), in an order a drifting machine cannot
+favour (``--abba``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def run_order(old: T, new: T, abba: bool) -> list[tuple[str, T]]:
+    """``old`` then ``new``, named; with ``abba``, old, new, new, old. A machine that speeds up or
+    slows down through the runs then weighs on both codes alike: on 2026-12-07 the second of two
+    runs was about a tenth faster in three pairs, and a third slower on unchanged steps in another."""
+    pair = [("old", old), ("new", new)]
+    return pair + pair[::-1] if abba else pair
+
+
+def ratio_line(walls: dict[str, Sequence[float]]) -> str:
+    """The new / old wall time of the totals, and of each pair when there are two (new second,
+    then new first)."""
+    line = f"  new / old wall time: {sum(walls['new']) / sum(walls['old']):.2f}x"
+    if len(walls["new"]) > 1:
+        pairs = zip(walls["new"], walls["old"], strict=True)
+        line += " (new second, then first: " + ", ".join(f"{n / o:.2f}x" for n, o in pairs) + ")"
+    return line
