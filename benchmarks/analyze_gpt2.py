@@ -51,7 +51,7 @@ from qkov.report import render_report
 from qkov.results import Results, write_results
 
 from peak_memory import measure
-from side_by_side import ratio_line, run_order
+from side_by_side import add_arguments, check_arguments, ratio_line, run_order
 
 
 def build(folder: Path, n_ctx: int, layers: int):
@@ -170,15 +170,11 @@ def main() -> None:
     parser.add_argument("--n-ctx", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--old", type=Path, help="a worktree of the code to compare with (e.g. main's HEAD)")
-    parser.add_argument("--abba", action="store_true", help="with --old: run old, new, new, old")
+    add_arguments(parser)
     parser.add_argument("--stages", action="store_true", help="also time each step in this process")
     parser.add_argument("--transformer-lens", action="store_true", help="also time TransformerLens")
     args = parser.parse_args()
-    if args.old is not None and not (args.old / "src" / "qkov").is_dir():
-        parser.error(f"--old {args.old}: not a worktree of qkov (no src/qkov in it)")
-    if args.abba and args.old is None:
-        parser.error("--abba orders the runs of --old and the new code: give --old too")
+    check_arguments(parser, args)
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(args.threads)

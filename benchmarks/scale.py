@@ -55,7 +55,7 @@ import torch
 
 from qkov.machine import matmul_rate
 
-from side_by_side import ratio_line, run_order
+from side_by_side import add_arguments, check_arguments, ratio_line, run_order
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 GiB = 2**30
@@ -312,10 +312,7 @@ def main() -> None:
     parser.add_argument("--tl-timeout", type=float, default=1800, help="seconds TransformerLens may run")
     parser.add_argument("--no-tl", action="store_true", help="leave TransformerLens out")
     parser.add_argument("--steps", default="", help="qkov analyze --steps (default: every weights-only step)")
-    parser.add_argument(
-        "--old", type=Path, help="a worktree of the code to compare with, run first on the same checkpoint"
-    )
-    parser.add_argument("--abba", action="store_true", help="with --old: run old, new, new, old")
+    add_arguments(parser)
     parser.add_argument(
         "--full",
         action="store_true",
@@ -334,10 +331,7 @@ def main() -> None:
         parser.error(f"--layers must be at least 1, got {args.layers}")
     if on_gpu and not torch.cuda.is_available():
         parser.error(f"--device {args.device}, but no CUDA device is available here")
-    if args.old is not None and not (args.old / "src" / "qkov").is_dir():
-        parser.error(f"--old {args.old}: not a worktree of qkov (no src/qkov in it)")
-    if args.abba and args.old is None:
-        parser.error("--abba orders the runs of --old and the new code: give --old too")
+    check_arguments(parser, args)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rate = matmul_rate()

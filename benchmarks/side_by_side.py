@@ -3,10 +3,29 @@ favour (``--abba``)."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--old DIR`` and ``--abba``, the same in every script that compares two codes."""
+    parser.add_argument(
+        "--old", type=Path, help="a worktree of the code to compare with, run first on the same model"
+    )
+    parser.add_argument("--abba", action="store_true", help="with --old: run old, new, new, old")
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One usage line and exit status 2 for an ``--old`` that is not a worktree of qkov, or an
+    ``--abba`` without ``--old``: decided before the model is written."""
+    if args.old is not None and not (args.old / "src" / "qkov").is_dir():
+        parser.error(f"--old {args.old}: not a worktree of qkov (no src/qkov in it)")
+    if args.abba and args.old is None:
+        parser.error("--abba orders the runs of --old and the new code: give --old too")
 
 
 def run_order(old: T, new: T, abba: bool) -> list[tuple[str, T]]:
