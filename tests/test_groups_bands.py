@@ -34,14 +34,15 @@ def test_group_cosines_are_those_of_the_dense_circuits():
         (0, 0, ["L0H0", "L0H1"]),
         (0, 1, ["L0H2", "L0H3"]),
     ]
-    attn = model.blocks[1].attn
-    ov = [model.W_E @ attn.W_V[h] @ attn.W_O[h] @ model.W_U for h in (2, 3)]
     mix = sum(rotation(model.cfg, d, 1) for d in range(1, 65)) / 64
-    qk = [model.W_E @ attn.W_Q[h] @ mix @ attn.W_K[h].T @ model.W_E.T for h in (2, 3)]
-    group = found[3]
-    assert group.ov[0][1] == pytest.approx(dense_cos(*ov), abs=1e-10)
-    assert group.qk[0][1] == pytest.approx(dense_cos(*qk), abs=1e-10)
-    assert group.ov[0][0] == pytest.approx(1.0)
+    for group in found:  # every pair, both ways: the shared W_K and W_V are formed once per group
+        attn, heads = model.blocks[group.layer].attn, [2 * group.group, 2 * group.group + 1]
+        ov = [model.W_E @ attn.W_V[h] @ attn.W_O[h] @ model.W_U for h in heads]
+        qk = [model.W_E @ attn.W_Q[h] @ mix @ attn.W_K[h].T @ model.W_E.T for h in heads]
+        for i in range(2):
+            for j in range(2):
+                assert group.ov[i][j] == pytest.approx(dense_cos(ov[i], ov[j]), abs=1e-10)
+                assert group.qk[i][j] == pytest.approx(dense_cos(qk[i], qk[j]), abs=1e-10)
 
 
 def test_heads_with_the_same_output_weights_are_one_head():

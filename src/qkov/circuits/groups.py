@@ -40,16 +40,21 @@ class GroupSimilarity:
     qk: list[list[float]]
 
 
-def _cosines(left: Tensor, right: Tensor, gram_left: Tensor, gram_right: Tensor) -> Tensor:
-    """Cosines between the products ``P_i = X A_i B_i Y`` of each head ``i`` (``A = left``
-    ``[n, d, e]``, ``B = right`` ``[n, e, d]``), with ``G_X = X^T X``, ``G_Y = Y Y^T``:
-    ``<P_i, P_j> = tr(B_i^T A_i^T G_X A_j B_j G_Y)``, ``e x e`` algebra per pair."""
-    n = len(left)
-    middle = torch.einsum("ide,df,jfg->ijeg", left, gram_left, left)  # A_i^T G_X A_j
-    outer = torch.einsum("jgh,hk,iek->ijge", right, gram_right, right)  # B_j G_Y B_i^T
-    inner = torch.einsum("ijeg,ijge->ij", middle, outer)
+def _cosines(shared: Tensor, heads: Tensor, gram_shared: Tensor, gram_heads: Tensor) -> Tensor:
+    """Cosines between the circuits of a group's heads, each the product of the factor ``F`` that
+    they share (``shared``, ``[d, e]``: the group's ``W_V``, or its ``W_K``) and their own ``H_i``
+    (``heads``, ``[n, e, d]``: each ``W_O^i``, or each ``W_Q^i`` transposed), read through the
+    Gram matrices ``G_F`` and ``G_H`` of their ends: ``<P_i, P_j> = <F^T G_F F, H_i G_H H_j^T>``, ``e x
+    e`` algebra per pair (for the OV circuits ``P_i = W_E W_V W_O^i W_U``, ``G_F = W_E^T W_E`` and
+    ``G_H = W_U W_U^T``; for the QK circuits, ``P_i = W_E W_Q^i W_K^T W_E^T`` and both are
+    ``W_E^T W_E``). The shared factor's part is formed once per group: at Llama-3.2-1B's shapes
+    that is 1.8 of the 4.7 GFLOP that each circuit's cosines took with it formed for every pair."""
+    inner = torch.einsum(
+        "ef,ijef->ij",
+        shared.mT @ gram_shared @ shared,
+        torch.einsum("ied,jfd->ijef", heads @ gram_heads, heads),
+    )
     norms = inner.diagonal().clamp_min(1e-300).sqrt()
-    assert inner.shape == (n, n)
     return inner / (norms[:, None] * norms[None, :])
 
 
@@ -68,8 +73,10 @@ def group_similarity(model: Transformer) -> list[GroupSimilarity]:
         attn = block.attn.requires_grad_(False)
         for group in range(cfg.n_kv_heads):
             heads = slice(group * size, (group + 1) * size)
-            ov = _cosines(attn.W_V[heads].double(), attn.W_O[heads].double(), gram_e, gram_u)
-            qk = _cosines(attn.W_Q[heads].double(), attn.W_K[heads].double().mT, gram_e, gram_e)
+            # the view repeats the group's W_K and W_V for each of its heads: its first head's serve all
+            shared_v, shared_k = attn.W_V[heads.start].double(), attn.W_K[heads.start].double()
+            ov = _cosines(shared_v, attn.W_O[heads].double(), gram_e, gram_u)
+            qk = _cosines(shared_k, attn.W_Q[heads].double().mT, gram_e, gram_e)
             names = [head_name(layer, h) for h in range(heads.start, heads.stop)]
             found.append(GroupSimilarity(layer, group, names, ov.tolist(), qk.tolist()))
     return found
