@@ -110,7 +110,7 @@ class LazySource:
         """Layer ``layer``'s MLP (and the norm before it), or everything else of it."""
         tensors = self.names.layer(layer)
         tensors = {name: tensors[name] for name in tensors if is_mlp(name, layer) == mlp}  # the rest let go
-        return owned(tensors, self.dtype)
+        return owned(tensors, self.dtype, stored_order=True)
 
 
 def is_mlp(name: str, layer: int) -> bool:
@@ -118,16 +118,27 @@ def is_mlp(name: str, layer: int) -> bool:
     return name.startswith((f"blocks.{layer}.mlp.", f"blocks.{layer}.ln2."))
 
 
-def owned(tensors: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+def owned(tensors: dict[str, Tensor], dtype: torch.dtype, stored_order: bool = False) -> dict[str, Tensor]:
     """``tensors`` in ``dtype``, each a copy of its own (folding overwrites them: a tensor already in
     ``dtype`` would otherwise be a view of the mapped file, or of another tensor, as a tied
-    unembedding is of the embedding), contiguous (an adapter may give a transposed view). Each
-    mapped tensor is let go as soon as it is converted, so that its pages of the file stop counting."""
-    return {name: contiguous_copy(tensors.pop(name), dtype) for name in list(tensors)}
+    unembedding is of the embedding), contiguous (an adapter may give a transposed view), or with
+    ``stored_order`` in the order of the stored bytes (a transposed view stays one). Each mapped
+    tensor is let go as soon as it is converted, so that its pages of the file stop counting."""
+    copy = stored_order_copy if stored_order else contiguous_copy
+    return {name: copy(tensors.pop(name), dtype) for name in list(tensors)}
 
 
 def contiguous_copy(tensor: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.empty(tensor.shape, dtype=dtype).copy_(tensor)
+
+
+def stored_order_copy(tensor: Tensor, dtype: torch.dtype) -> Tensor:
+    """``tensor`` in ``dtype``, its elements in the order of its stored bytes (``torch.empty_like``
+    keeps the strides of a dense tensor). A layer's weights are read so: Hugging Face stores each
+    matrix as ``[out, in]``, which qkov reads transposed, and converting a bfloat16 ``[8192, 2048]``
+    matrix into the transposed order took 0.075 s against 0.029 s in its own (a Llama-3.2-1B MLP's
+    three, at each read of a layer); matrix products read either order at the same rate."""
+    return torch.empty_like(tensor, dtype=dtype, device="cpu").copy_(tensor)
 
 
 def qkov_names(cfg: Config, state: Mapping[str, Tensor]) -> Renaming:
