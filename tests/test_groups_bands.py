@@ -61,18 +61,21 @@ def test_heads_with_the_same_output_weights_are_one_head():
     assert group_similarity(model_of()) == []  # every head its own keys and values: no groups
 
 
-def test_band_shares_are_the_dense_terms_norms():
-    model = model_of(rotary_dim=4)
+@pytest.mark.parametrize("kv_heads", [4, 2])  # each head its own keys, and groups of two sharing them
+def test_band_shares_are_the_dense_terms_norms(kv_heads):
+    model = model_of(rotary_dim=4, n_key_value_heads=kv_heads)
     bands = rotary_bands(model)
     first, second = plane_index(model.cfg)
     attn, E = model.blocks[0].attn, model.W_E
     groups = [[a, b] for a, b in zip(first.tolist(), second.tolist(), strict=True)] + [list(range(4, 8))]
-    norms = torch.stack([(E @ attn.W_Q[1][:, g] @ attn.W_K[1][:, g].T @ E.T).norm() for g in groups])
-    shares = norms / norms.sum()
-    head = bands.heads[1]
-    assert head.head == "L0H1"
-    assert head.shares == pytest.approx(shares[:-1].tolist(), abs=1e-10)
-    assert head.position_free == pytest.approx(float(shares[-1]), abs=1e-10)
+    for h in range(4):
+        W_K = attn.kv_params("W_K")[h // (4 // kv_heads)]
+        norms = torch.stack([(E @ attn.W_Q[h][:, g] @ W_K[:, g].T @ E.T).norm() for g in groups])
+        shares = norms / norms.sum()
+        head = bands.heads[h]
+        assert head.head == f"L0H{h}"
+        assert head.shares == pytest.approx(shares[:-1].tolist(), abs=1e-10)
+        assert head.position_free == pytest.approx(float(shares[-1]), abs=1e-10)
     assert bands.wavelengths[0] == pytest.approx((2 * math.pi / frequencies(model.cfg)).tolist())
 
 

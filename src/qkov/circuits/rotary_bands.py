@@ -80,13 +80,16 @@ def rotary_bands(model: Transformer) -> RotaryBands:
     first, second = plane_index(cfg)
     groups = [torch.tensor([a, b]) for a, b in zip(first.tolist(), second.tolist(), strict=True)]
     groups.append(torch.arange(rotary_dim(cfg), cfg.d_head))
-    wavelengths, heads = [], []
+    wavelengths, heads, size = [], [], cfg.n_heads // cfg.n_kv_heads
     for layer, block in enumerate(view.blocks):
         wavelength = (2 * math.pi / frequencies(cfg, layer)).tolist()
         wavelengths.append(wavelength)
         short = torch.tensor([w < POSITIONAL_WAVELENGTH for w in wavelength])
-        W_Q, W_K = block.attn.W_Q.detach().double(), block.attn.W_K.detach().double()
-        M_Q, M_K = W_Q.mT @ (gram @ W_Q), W_K.mT @ (gram @ W_K)  # [n_heads, d_head, d_head], a layer at once
+        # the view repeats a group's W_K for each of its query heads: formed once per group (grouped-query
+        # attention), 4 times less at Llama 3's shapes
+        W_Q, W_K = block.attn.W_Q.detach().double(), block.attn.W_K.detach()[::size].double()
+        M_Q = W_Q.mT @ (gram @ W_Q)  # [n_heads, d_head, d_head], a layer at once
+        M_K = (W_K.mT @ (gram @ W_K)).repeat_interleave(size, 0)
         for head in range(cfg.n_heads):
             norms = _term_norms(M_Q[head], M_K[head], groups)
             shares = norms / norms.sum().clamp_min(1e-300)
