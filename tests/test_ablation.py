@@ -8,7 +8,7 @@ import torch
 
 import qkov
 from qkov.circuits import ablation, budget
-from qkov.circuits.ablation import ablation_effects, repeat_behaviour, run_ablated
+from qkov.circuits.ablation import ablation_effects, clean_run, repeat_behaviour, run_ablated
 from qkov.data.random_tokens import repeated_random_tokens
 from qkov.interop.fold import fold
 
@@ -33,9 +33,14 @@ def test_ablating_the_previous_token_head_breaks_induction():
 def test_a_given_clean_run_is_the_one_computed():
     model = induction_model()
     tokens = repeated_random_tokens(4, 4, 3, 64, torch.Generator().manual_seed(1))
+    clean = clean_run(model, tokens, 4)
+    assert ablation_effects(model, tokens, 4, clean) == ablation_effects(model, tokens, 4)
     with torch.no_grad():
-        clean = model.run_with_cache(tokens)
-    assert ablation_effects(model, tokens, 4, clean_run=clean) == ablation_effects(model, tokens, 4)
+        logits, cache = model.run_with_cache(tokens)  # the run's behaviour, read off its whole logits
+    assert clean.behaviour.induction == repeat_behaviour(logits, cache, tokens, 4).induction
+    assert clean.behaviour.loss_per_repeat == pytest.approx(
+        repeat_behaviour(logits, cache, tokens, 4).loss_per_repeat
+    )
 
 
 def test_mean_ablation_writes_the_mean():

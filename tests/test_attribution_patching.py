@@ -5,6 +5,7 @@ exact reruns in ``analyze`` those the estimate ranks highest when they do not al
 from __future__ import annotations
 
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,17 @@ def test_the_estimate_ranks_the_exact_ablations_of_a_random_model_alike():
     assert [abs(r.estimated) for r in result.ablations] == sorted(
         (abs(r.estimated) for r in result.ablations), reverse=True
     )
+
+
+def test_the_estimate_and_the_exact_reruns_share_one_clean_run():
+    """The estimate read off the clean run that the reruns start from is the one from its own
+    forward, and so are the reruns."""
+    model = float64_model(n_layers=2, seed=3, n_ctx=24, n_heads=4)
+    tokens = repeated_random_tokens(8, 8, 3, model.cfg.d_vocab, torch.Generator().manual_seed(4))
+    found = estimate_ablations(model, tokens, 8, 0, "repeated random tokens")
+    clean, estimates = attribution_patching(model, tokens, partial(repeats_loss, tokens=tokens, period=8))
+    assert found.clean == clean and torch.equal(found.estimates, estimates)
+    assert ablation_effects(model, tokens, 8, found.clean_run) == ablation_effects(model, tokens, 8)
 
 
 def test_frozen_weights_give_the_same_estimates_through_every_path_between_heads():

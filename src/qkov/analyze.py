@@ -213,7 +213,7 @@ def ablation_step(ctx: Context):
     found = ctx.attribution
     budget = context.RERUN_FLOP_BUDGET  # the one budget of every rerun, read where the batches are cut
     only = within_budget(ctx.model.cfg, found.tokens, found.ranking(), budget, EXACT_AT_LEAST)
-    return ablation_effects(ctx.model, found.tokens, found.period, start=ctx.start, only=only)
+    return ablation_effects(ctx.model, found.tokens, found.period, found.clean_run, ctx.start, only)
 
 
 def induction_mechanism_step(ctx: Context):

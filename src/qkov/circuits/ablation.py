@@ -90,6 +90,40 @@ def repeat_behaviour(
     return RepeatBehaviour(induction_scores(after_start(cache, start), period).tolist(), per_repeat)
 
 
+@dataclass(frozen=True)
+class CleanRun:
+    """The unablated run that :func:`ablation_effects` measures the ablations against
+    (:func:`clean_run`): its behaviour, and its cache of every layer's ``hook_resid_pre`` and
+    ``hook_z`` (each rerun starts from its layer's) and the last layer's ``hook_resid_post``
+    (:func:`~qkov.circuits.attribution_patching.attribution_patching` reads the streams)."""
+
+    behaviour: RepeatBehaviour
+    cache: dict[str, Tensor]
+
+
+@torch.no_grad()
+def clean_run(
+    model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], period: int, start: int = 0
+) -> CleanRun:
+    """The run of ``tokens`` (repeating every ``period`` positions, read from ``start`` on) that the
+    ablations are measured against: its losses formed from the final stream a block of positions
+    at a time, as the ablated runs' are (:meth:`~qkov.model.Transformer.stream_losses`), and its
+    patterns read for the induction scores, then let go."""
+    tokens = model.check_tokens(tokens)
+    final, kept = (
+        hook_name(model.cfg.n_layers - 1, "resid_post"),
+        ("hook_pattern", "hook_z", "hook_resid_pre"),
+    )
+    _, cache = model.run_with_cache(
+        tokens, names_filter=lambda name: name.endswith(kept) or name == final, return_type=None
+    )
+    buffer = logit_buffer(tokens.shape[0] * (tokens.shape[1] - start - 1), model.W_U)
+    losses = model.stream_losses(cache[final][:, start:-1], tokens[:, start + 1 :], buffer)
+    induction = induction_scores(after_start(cache, start), period).tolist()
+    behaviour = RepeatBehaviour(induction, loss_per_repeat(losses, period))
+    return CleanRun(behaviour, {name: value for name, value in cache.items() if not name.endswith(kept[0])})
+
+
 @torch.no_grad()
 def run_ablated(
     model: AttnOnlyTransformer,
@@ -181,7 +215,7 @@ def ablation_effects(
     model: AttnOnlyTransformer,
     tokens: Int[Tensor, "batch pos"],
     period: int,
-    clean_run: tuple[Tensor, dict] | None = None,
+    clean: CleanRun | None = None,
     start: int = 0,
     only: Collection[tuple[str, str]] | None = None,
     modes: tuple[str, ...] = MODES,
@@ -189,17 +223,15 @@ def ablation_effects(
     """For every head of every layer but the last, ablated in each of ``modes`` (zero and the
     per-position mean by default; :data:`CHOICES`), or only the ``(head, mode)`` pairs of ``only``:
     the change in each later head's induction score and in the loss on each repeat, against the
-    clean run (``clean_run``, the unablated ``(logits, cache)`` on ``tokens``, computed when not
-    given), read on the positions from ``start`` on (1: after a start token).
+    clean run (``clean``, :func:`clean_run` of ``tokens``, computed when not given), read on the
+    positions from ``start`` on (1: after a start token).
 
     Each ablated run equals :func:`run_ablated`'s full rerun, but starts at the ablated head's layer
     from the clean run's residual stream there (the layers before it see nothing of the ablation),
     with the ablations of one layer stacked along the batch (``FORWARD_TOKENS`` at a time)."""
     tokens, modes = model.check_tokens(tokens), [check_mode(mode) for mode in modes]
-    kept = ("hook_pattern", "hook_z", "hook_resid_pre")  # what the clean run is read for
-    clean_run = clean_run or model.run_with_cache(tokens, names_filter=lambda name: name.endswith(kept))
-    logits, cache = clean_run
-    clean = repeat_behaviour(logits, cache, tokens, period, start)
+    clean = clean or clean_run(model, tokens, period, start)
+    before = clean.behaviour
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     per_forward = max(1, FORWARD_TOKENS // tokens.numel())
     buffer = logit_buffer(per_forward * tokens.shape[0] * (tokens.shape[1] - start - 1), model.W_U)
@@ -213,15 +245,15 @@ def ablation_effects(
         ]
         for first in range(0, len(ablations), per_forward):
             group = ablations[first : first + per_forward]
-            runs = _ablated_from(model, tokens, (period, start), layer, group, cache, buffer)
+            runs = _ablated_from(model, tokens, (period, start), layer, group, clean.cache, buffer)
             for (head, mode), ablated in zip(group, runs, strict=True):
-                changes = zip(ablated.loss_per_repeat, clean.loss_per_repeat, strict=True)
+                changes = zip(ablated.loss_per_repeat, before.loss_per_repeat, strict=True)
                 effects.append(
                     AblationEffect(
                         head=head_name(layer, head),
                         mode=mode,
                         induction_change={
-                            head_name(later, h): ablated.induction[later][h] - clean.induction[later][h]
+                            head_name(later, h): ablated.induction[later][h] - before.induction[later][h]
                             for later in range(layer + 1, n_layers)
                             for h in range(n_heads)
                         },

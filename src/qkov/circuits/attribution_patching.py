@@ -25,15 +25,15 @@ exactly and the agreement is stated (:class:`AblationEstimate`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from qkov.circuits.ablation import MODES, AblationEffect
+from qkov.circuits.ablation import MODES, AblationEffect, CleanRun, clean_run
 from qkov.circuits.budget import forward_flop
 from qkov.config import Config
 from qkov.data.random_tokens import repeat_slices
@@ -60,6 +60,7 @@ def attribution_patching(
     model: AttnOnlyTransformer,
     tokens: Int[Tensor, "batch pos"],
     metric: Callable[[Tensor], Tensor],
+    cache: Mapping[str, Tensor] | None = None,
 ) -> tuple[float, Float[Tensor, "mode n_layers n_heads"]]:
     """``(metric's clean value, estimates)``: for each mode of :data:`.ablation.MODES` (zero, mean)
     and head, the first-order estimate of the change in ``metric(logits)`` (a scalar) when that
@@ -73,13 +74,19 @@ def attribution_patching(
     later path, so the estimates are those of one backward through the whole run, to float
     rounding, while the memory holds one layer's graph instead of every layer's weights and
     activations (which was over 10 GiB at Llama-3.2-1B's shapes on 8 x 130 tokens). One more
-    forward's worth of work."""
+    forward's worth of work.
+
+    ``cache``: the clean run's activations when the caller has them (every layer's
+    ``hook_resid_pre`` and the last layer's ``hook_resid_post``, as
+    :func:`~qkov.circuits.ablation.clean_run` keeps them), so that its forward is not run again."""
     tokens = model.check_tokens(tokens)
     n_layers = model.cfg.n_layers
     streams = [hook_name(layer, "resid_pre") for layer in range(n_layers)]
     final = hook_name(n_layers - 1, "resid_post")
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=[*streams, final], return_type=None)
+        if cache is None:
+            _, cache = model.run_with_cache(tokens, names_filter=[*streams, final], return_type=None)
+        cache = {name: cache[name] for name in (*streams, final)}  # ours, let go a layer at a time
         qk_positions = model.embed(tokens)[1]
     with torch.enable_grad():
         resid = cache.pop(final).detach().requires_grad_()
@@ -123,7 +130,8 @@ def attribution_flop(cfg: Config, length: int) -> float:
 
 
 def estimate_and_rerun_flop(cfg: Config, length: int) -> float:
-    """FLOP per token of the estimate, the clean run the exact reruns start from, and
+    """FLOP per token of the estimate (its forward, the clean run that the exact reruns start from,
+    and its backward), the forward again that the backward runs a layer at a time, and
     ``EXACT_AT_LEAST`` reruns at most a forward each: what the ablations' batch is cut to."""
     return attribution_flop(cfg, length) + (1 + EXACT_AT_LEAST) * forward_flop(cfg, length)
 
@@ -139,6 +147,9 @@ class Attribution:
     described: str
     clean: float
     estimates: Tensor
+    # held for the exact reruns (every layer's stream and z: 280 MB at Llama-3.2-1B's shapes on 8 x
+    # 130 tokens); not compared, not shown
+    clean_run: CleanRun = field(repr=False, compare=False)
 
     def ranking(self) -> list[tuple[str, str]]:
         """Every ``(head, mode)`` by the size of its estimated change, largest first."""
@@ -149,11 +160,13 @@ class Attribution:
 def estimate_ablations(
     model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"], period: int, start: int, described: str
 ) -> Attribution:
-    """:func:`attribution_patching` of :func:`repeats_loss` on repeated tokens."""
-    clean, estimates = attribution_patching(
-        model, tokens, partial(repeats_loss, tokens=tokens, period=period, start=start)
-    )
-    return Attribution(tokens, period, start, described, clean, estimates.cpu())
+    """:func:`attribution_patching` of :func:`repeats_loss` on repeated tokens, from the clean run
+    that the exact reruns then start from (:func:`.ablation.clean_run`, held in the result): one
+    forward for both."""
+    run = clean_run(model, tokens, period, start)
+    metric = partial(repeats_loss, tokens=tokens, period=period, start=start)
+    clean, estimates = attribution_patching(model, tokens, metric, run.cache)
+    return Attribution(tokens, period, start, described, clean, estimates.cpu(), run)
 
 
 @dataclass(frozen=True)
