@@ -193,6 +193,18 @@ def test_each_step_reads_each_layer_a_few_times(tmp_path, monkeypatch):
         assert len(reads) <= 3 * 6, f"{step} read {len(reads)} blocks"
 
 
+def test_a_layer_is_converted_in_the_order_its_bytes_are_stored(tmp_path):
+    """Hugging Face stores ``up_proj`` as ``[d_mlp, d_model]``; qkov's ``W_in`` is its transpose, and
+    the lazy read keeps it a transposed view of a float32 copy in the file's order (no transposing
+    copy), with the numbers of the model read whole."""
+    folder = saved(tmp_path, "llama")
+    eager, lazy = qkov.open_model(folder), qkov.open_model(folder, lazy=True)
+    W_in = lazy.blocks[1].mlp.W_in
+    assert W_in.dtype == torch.float32 and not W_in.is_contiguous() and W_in.mT.is_contiguous()
+    torch.testing.assert_close(W_in, eager.blocks[1].mlp.W_in, rtol=0, atol=0)
+    assert lazy.W_U.is_contiguous()  # the ends, read a block of tokens at a time, stay contiguous
+
+
 def test_lazy_forward_runs_layer_by_layer(tmp_path):
     folder = saved(tmp_path, "gemma2")
     eager, lazy = qkov.open_model(folder), qkov.open_model(folder, lazy=True)

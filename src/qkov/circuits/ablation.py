@@ -110,10 +110,8 @@ def clean_run(
     at a time, as the ablated runs' are (:meth:`~qkov.model.Transformer.stream_losses`), and its
     patterns read for the induction scores, then let go."""
     tokens = model.check_tokens(tokens)
-    final, kept = (
-        hook_name(model.cfg.n_layers - 1, "resid_post"),
-        ("hook_pattern", "hook_z", "hook_resid_pre"),
-    )
+    final = hook_name(model.cfg.n_layers - 1, "resid_post")
+    kept = ("hook_pattern", "hook_z", "hook_resid_pre")
     _, cache = model.run_with_cache(
         tokens, names_filter=lambda name: name.endswith(kept) or name == final, return_type=None
     )
@@ -121,7 +119,7 @@ def clean_run(
     losses = model.stream_losses(cache[final][:, start:-1], tokens[:, start + 1 :], buffer)
     induction = induction_scores(after_start(cache, start), period).tolist()
     behaviour = RepeatBehaviour(induction, loss_per_repeat(losses, period))
-    return CleanRun(behaviour, {name: value for name, value in cache.items() if not name.endswith(kept[0])})
+    return CleanRun(behaviour, {name: value for name, value in cache.items() if not name.endswith("pattern")})
 
 
 @torch.no_grad()
