@@ -350,7 +350,7 @@ def main() -> None:
         mode = "--lazy" if args.full else "--weights-only"
         runs = run_order(args.old / "src", SRC, args.abba) if args.old else [("new", SRC)]
         walls: dict[str, list[float]] = {"old": [], "new": []}
-        for index, (name, src) in enumerate(runs):  # the old code first, each in a fresh process
+        for index, (name, src) in enumerate(runs):  # in run_order's order, each in a fresh process
             out = Path(tmp) / f"out-{index}-{name}"
             got = run_qkov(Path(tmp) / "model", out, args.steps, args.device, mode, src)
             report(got, scale, on_gpu, mode + (f" ({name} code)" if args.old else ""))
