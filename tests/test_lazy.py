@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import qkov
+import qkov.checkpoint
 from families import family_configs, random_hf_model
 from qkov.analyze import STEPS, TOKENS, run_steps
 from qkov.errors import QkovError
@@ -281,6 +282,26 @@ def test_non_finite_weight_is_one_line(tmp_path):
     with pytest.raises(QkovError, match="blocks.1.mlp.W_in has non-finite values") as err:
         block.mlp(torch.zeros(1, lazy.cfg.d_model))
     assert "\n" not in str(err.value)
+    with pytest.raises(QkovError, match="blocks.1.mlp.W_in has non-finite values"):  # not taken as checked
+        lazy.blocks[1].mlp(torch.zeros(1, lazy.cfg.d_model))
+
+
+def test_a_part_read_again_is_not_checked_again(tmp_path, monkeypatch):
+    """A layer's values are checked for NaN and infinity when it is first built, in the model and
+    in its circuit view, and not at its later reads (the same mapped bytes)."""
+    random_hf_model(CASES["llama"]).save_pretrained(tmp_path)
+    lazy = qkov.open_model(tmp_path, lazy=True)
+    view = circuit_model(lazy)
+    checked = []
+    monkeypatch.setattr(qkov.checkpoint, "all_finite", lambda t: checked.append(t.shape) or True)
+    x = torch.zeros(1, lazy.cfg.d_model, dtype=lazy.W_U.dtype)
+    passes = []
+    for _ in range(2):  # every block of both, twice: a lazy model keeps one block at a time
+        for model in (lazy, view):
+            for block in model.blocks:
+                block.mlp(x)
+        passes.append(len(checked))
+    assert passes[0] > 0 and passes[1] == passes[0]
 
 
 def test_lazy_refuses_what_it_cannot_map(tmp_path):

@@ -137,34 +137,49 @@ def block_from_tensors(
     dtype: torch.dtype,
     source: str,
     mlp: MLP | None = None,
+    values: bool = True,
 ) -> Block:
     """Block ``layer`` of a model of ``cfg`` holding exactly ``tensors`` (by their names in the
     model, validated as :func:`model_from_tensors` validates a model's) in ``dtype``; an absent
     bias is zero. What a lazy model (:mod:`qkov.interop.lazy`) builds as it reads a layer. ``mlp``:
     the block's MLP, built apart (a lazy model's, read when first used); ``tensors`` then hold
-    none of it."""
+    none of it. ``values``: check the values too (:func:`check_tensors`)."""
     block = Block(cfg, biases, layer)
     if mlp is not None:
         block.mlp = mlp
-    return filled(block, f"blocks.{layer}.", tensors, dtype, source, f"layer {layer}")
+    return filled(block, f"blocks.{layer}.", tensors, dtype, source, f"layer {layer}", values)
 
 
 def mlp_from_tensors(
-    cfg: Config, layer: int, tensors: dict[str, torch.Tensor], biases: bool, dtype: torch.dtype, source: str
+    cfg: Config,
+    layer: int,
+    tensors: dict[str, torch.Tensor],
+    biases: bool,
+    dtype: torch.dtype,
+    source: str,
+    values: bool = True,
 ) -> MLP:
     """Block ``layer``'s MLP holding exactly ``tensors`` (``blocks.{layer}.mlp.…``), as
     :func:`block_from_tensors` builds a block."""
-    return filled(MLP(cfg, biases), f"blocks.{layer}.mlp.", tensors, dtype, source, f"layer {layer}'s MLP")
+    mlp = MLP(cfg, biases)
+    return filled(mlp, f"blocks.{layer}.mlp.", tensors, dtype, source, f"layer {layer}'s MLP", values)
 
 
 def filled(
-    module: M, prefix: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str, what: str
+    module: M,
+    prefix: str,
+    tensors: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    source: str,
+    what: str,
+    values: bool = True,
 ) -> M:
-    """``module`` holding ``tensors`` (its parameters' names after ``prefix``), checked."""
+    """``module`` holding ``tensors`` (its parameters' names after ``prefix``), checked (their
+    values too with ``values``)."""
     every = {prefix + name: tuple(p.shape) for name, p in module.named_parameters()}
     required = {name: shape for name, shape in every.items() if not is_bias(name)}
     optional = {name: shape for name, shape in every.items() if is_bias(name)}
-    check_tensors(required, optional, tensors, source, what)
+    check_tensors(required, optional, tensors, source, what, values)
     # The module's own parameters are allocated but never written (so never resident): each is
     # replaced by its tensor, converted only when its dtype differs, so that building a block from
     # a layer read in the compute dtype copies nothing.
