@@ -134,6 +134,7 @@ def analysed() -> dict[str, Results]:
 # spectra held a copying score from float32 eigenvalues where the one stored now is from float64.
 FLOAT_TOLERANCE = 1e-6
 ROUNDED = 1e-5
+LOOSE = ("eigenvalues", "copying_score", ".term_importance.", ".ablation[")  # held to ROUNDED, below
 
 
 def assert_same(new: object, old: object, where: str) -> None:
@@ -149,8 +150,10 @@ def assert_same(new: object, old: object, where: str) -> None:
         # term importance: each first-order loss is now a logsumexp over column blocks summed in
         # float64, and each order's loss a sum over chunks of rows (the unembedding fused into
         # it), where the reference took one float32 mean of full logits; they differ by float32
-        # rounding, up to ~2e-6 nats
-        loose = "eigenvalues" in where or "copying_score" in where or ".term_importance." in where
+        # rounding, up to ~2e-6 nats. The ablations: a layer's write is now one product over all
+        # its heads, whose float32 rounding depends on how many rows it takes (the reruns stack
+        # several ablations' batches, the clean run has one): up to ~8e-6 nats
+        loose = any(part in where for part in LOOSE)
         assert new == pytest.approx(old, rel=FLOAT_TOLERANCE, abs=ROUNDED if loose else FLOAT_TOLERANCE), (
             where
         )

@@ -120,6 +120,14 @@ class Recorder:
         self.hooks, self.keep = hooks, keep
         self.cache: dict[str, Tensor] = {}
 
+    def hooked(self, name: str) -> bool:
+        return self.hooks is not None and name in self.hooks.by_point
+
+    def wants(self, name: str) -> bool:
+        """Whether the activation ``name`` is hooked or kept: one that nothing reads need not be
+        formed."""
+        return self.keep(name) or self.hooked(name)
+
     def __call__(self, name: str, activation: Tensor) -> Tensor:
         if self.hooks is not None:
             activation = self.hooks(name, activation)
