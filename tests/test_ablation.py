@@ -129,6 +129,8 @@ def full_rerun_effects(model, tokens, period, modes=("zero", "mean")):
         dict(n_layers=3),
         dict(n_layers=3, normalization="LN", d_mlp=12, biases=True, positional_embedding="standard"),
         dict(n_layers=2, normalization="LNPre", d_mlp=8, act_fn="relu"),
+        # a norm after each sublayer: the reruns replace z, run_ablated the writes before that norm
+        dict(n_layers=3, normalization="RMSPre", post_norms=True, d_mlp=8, biases=True),
     ],
 )
 @pytest.mark.parametrize("forward_tokens", [1, 4096])  # one ablation per forward, or all of a layer's

@@ -50,25 +50,12 @@ def check_mode(mode: str) -> str:
 
 def replacement(writes: Float[Tensor, "batch pos n_heads d"], head: int, mode: str) -> Tensor | float:
     """What ``head``'s write becomes under ``mode`` (:data:`CHOICES`), broadcastable to
-    ``writes[:, :, head]``: 0, its per-position mean ``[pos, d_model]`` over the batch, or its
-    mean over batch and positions ``[d_model]``."""
+    ``writes[:, :, head]``: 0, its per-position mean ``[pos, d]`` over the batch, or its mean over
+    batch and positions ``[d]``. The heads' ``z`` (``hook_z``) in place of their writes give what
+    their ``z`` becomes, whose product with ``W_O^h`` is the write's replacement."""
     if check_mode(mode) == "zero":
         return 0.0
     return writes[:, :, head].mean(0 if mode == "mean" else (0, 1))
-
-
-def replaced_write(
-    z: Float[Tensor, "batch pos n_heads d_head"],
-    W_O: Float[Tensor, "n_heads d_head d_model"],
-    head: int,
-    mode: str,
-) -> Tensor | float:
-    """:func:`replacement` from the heads' ``z`` (``hook_z``) instead of their writes: a head's
-    write is ``z_h @ W_O^h``, so its means are its ``z``'s means through ``W_O^h`` (the same numbers
-    to float rounding), and a clean run that keeps ``z`` holds ``d_model / d_head`` times less than
-    one that keeps the writes (4.1 GiB against 130 MiB at Llama-3.2-1B's shapes on 8 x 130 tokens)."""
-    value = replacement(z, head, mode)
-    return value if check_mode(mode) == "zero" else value @ W_O[head]
 
 
 @dataclass(frozen=True)
@@ -133,21 +120,24 @@ def run_ablated(
 ) -> tuple[Tensor, dict]:
     """Logits and cache with head ``(layer, head)``'s write replaced as ``mode`` says
     (:func:`replacement`: ``"zero"``, ``"mean"`` per position, ``"batch-mean"``), the means taken
-    over this input's unablated run (``clean_cache``, computed when not given)."""
+    over this input's unablated run (``clean_cache``, computed when not given). The head's ``z``
+    is replaced (a hook on ``hook_z``): its write ``z_h @ W_O^h`` then takes the means of the
+    write as the head makes it, before a norm after the attention where the model has one (whose
+    scale is then the ablated layer's), as the stacked reruns (:func:`ablation_effects`) and
+    :mod:`.attribution_patching` replace it."""
+    z_name = hook_name(layer, "z")
     if mode == "zero":
         value = replacement(torch.empty(0), head, mode)
     else:
         clean = clean_cache if clean_cache is not None else model.run_with_cache(tokens, return_type=None)[1]
-        value = replacement(clean[hook_name(layer, "result")], head, mode)
+        value = replacement(clean[z_name], head, mode)
 
-    def edit(at_layer: int, writes: Tensor) -> Tensor:
-        if at_layer != layer:
-            return writes
-        writes = writes.clone()
-        writes[:, :, head] = value
-        return writes
+    def ablate(z: Tensor, hook: object) -> Tensor:
+        z = z.clone()
+        z[:, :, head] = value
+        return z
 
-    return model.run_with_cache(tokens, edit_writes=edit)
+    return model.run_with_cache(tokens, fwd_hooks=[(z_name, ablate)])
 
 
 @dataclass(frozen=True)
@@ -280,16 +270,17 @@ def _ablated_from(
     and the first position of the repeats (:func:`repeat_behaviour`); ``buffer`` holds their logits,
     a block of positions at a time (:meth:`Transformer.stream_losses`)."""
     (period, start), batch, n = repeats, tokens.shape[0], len(group)
-    z, W_O = clean[hook_name(layer, "z")], model.blocks[layer].attn.W_O
-    replacements = [replaced_write(z, W_O, head, mode) for head, mode in group]
+    # A head's write is z_h @ W_O^h, so replacing its z replaces its write by the same means (to
+    # float rounding), with the value bias inside z: the run then never forms every head's write
+    # ([runs * batch, pos, n_heads, d_model], 1.1 GiB for four runs at Llama-3.2-1B's shapes).
+    z = clean[hook_name(layer, "z")]
+    replacements = [replacement(z, head, mode) for head, mode in group]
 
-    def edit(at_layer: int, out: Tensor) -> Tensor:
-        if at_layer != layer:
-            return out
-        out = out.clone()
+    def ablate(stacked: Tensor, hook: object) -> Tensor:
+        stacked = stacked.clone()
         for run, ((head, _), value) in enumerate(zip(group, replacements, strict=True)):
-            out[run * batch : (run + 1) * batch, :, head] = value
-        return out
+            stacked[run * batch : (run + 1) * batch, :, head] = value
+        return stacked
 
     resid = clean[hook_name(layer, "resid_pre")].repeat(n, 1, 1)
     final = hook_name(model.cfg.n_layers - 1, "resid_post")
@@ -297,7 +288,7 @@ def _ablated_from(
     # times the clean run's), and their losses formed in ``buffer``, not from a logits tensor
     _, cache = model.run_with_cache(
         tokens,
-        edit_writes=edit,
+        fwd_hooks=[(hook_name(layer, "z"), ablate)],
         start=(layer, resid),
         names_filter=lambda name: patterns_only(name) or name == final,
         return_type=None,
