@@ -157,6 +157,37 @@ def test_frozen_patterns_are_used_and_make_the_model_linear(biases):
         )
 
 
+@pytest.mark.parametrize("post_norms", [False, True])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_hook_on_the_head_writes_moves_the_layer_write_by_what_it_changed(post_norms, in_place):
+    """``hook_result`` is formed only when read: the layer's write is one product over the heads,
+    and a hook that changes a head's write (in place or returned) moves it by exactly that change;
+    after a norm after the attention the writes are the normed ones and its scale stays the clean
+    run's. Nothing read, the write is the same bits as with every head's write kept."""
+    norms = dict(normalization="RMSPre", post_norms=True) if post_norms else {}
+    model = random_model(
+        qkov.Config(n_layers=2, n_heads=3, d_model=16, d_head=4, d_vocab=23, n_ctx=10, d_mlp=8, **norms),
+        biases=True,
+    ).double()
+    tokens = torch.randint(0, 23, (3, 10), generator=torch.Generator().manual_seed(0))
+    _, clean = model.run_with_cache(tokens)
+    result, out = "blocks.0.attn.hook_result", "blocks.0.hook_attn_out"
+    heads = clean[result]
+
+    def scaled(act, hook):
+        if not in_place:
+            act = act.clone()
+        act[:, :, 1] *= 3.0
+        return act
+
+    _, hooked = model.run_with_cache(tokens, fwd_hooks=[(result, scaled)])
+    torch.testing.assert_close(hooked[out], clean[out] + 2 * heads[:, :, 1], rtol=0, atol=1e-12)
+    if not post_norms:  # the one product equals the heads' writes summed, to float rounding
+        torch.testing.assert_close(clean[out], heads.sum(2) + model.blocks[0].attn.b_O, rtol=0, atol=1e-12)
+    _, unread = model.run_with_cache(tokens, names_filter=out)
+    assert result not in unread and torch.equal(unread[out], clean[out])
+
+
 def test_zero_layer_model_is_a_bigram_table():
     cfg = qkov.Config(n_layers=0, n_heads=1, d_model=8, d_head=8, d_vocab=13, n_ctx=5)
     model = random_model(cfg)
