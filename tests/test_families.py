@@ -142,3 +142,36 @@ def test_the_explorer_serves_a_family_folder(name, tmp_path):
     assert get(client, "/api/paths", text="#1 #2 #3 #4 #1 #2", pos=4)
     assert get(client, "/api/pair", writer="L0H1", reader="L1H2", kind="K")
     assert get(client, "/api/neuron", layer=1, neuron=3)
+
+
+@pytest.mark.parametrize("name", ["llama-mqa-bias", "gemma2", "gemma3_text", "olmo2"])
+def test_head_ablations_are_transformers_with_the_heads_z_replaced(name, tmp_path):
+    """``run_ablated`` against ``transformers``' own forward with the head's slice of ``o_proj``'s
+    input (its ``z``) zeroed or replaced by its mean: with a norm after the attention (Gemma 2 and
+    3, OLMo 2) the replaced write goes through that norm. Before b748746 the mean of the normed
+    writes went in before the norm there, and this failed for those three."""
+    from qkov.circuits.ablation import run_ablated
+
+    config = dict(CASES)[name]
+    hf = random_hf_model(config)
+    hf.save_pretrained(tmp_path)
+    model = from_hf(tmp_path, fold=False).double()  # folded, b_V W_O is in b_O and survives "zero"
+    tokens = torch.randint(0, config.vocab_size, (3, SEQ), generator=torch.Generator().manual_seed(2))
+    d_head = model.cfg.d_head
+    for layer in range(model.cfg.n_layers):
+        for head in range(model.cfg.n_heads):
+            for mode, over in (("zero", None), ("mean", (0,)), ("batch-mean", (0, 1))):
+
+                def replace(module, args, head=head, over=over):
+                    z = args[0].clone()
+                    part = z[..., head * d_head : (head + 1) * d_head]
+                    part.copy_(torch.zeros_like(part) if over is None else part.mean(over, keepdim=True))
+                    return (z,)
+
+                hook = hf.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(replace)
+                try:
+                    expected, _ = oracle(hf, tokens)
+                finally:
+                    hook.remove()
+                logits, _ = run_ablated(model, tokens, layer, head, mode)
+                assert (logits.log_softmax(-1) - expected).abs().max() < 1e-9, (layer, head, mode)
