@@ -29,10 +29,12 @@ Conmy et al. 2023, TransformerLens hook names with ACDC's ``TorchIndex`` printed
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Int
+from einops import einsum
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from qkov.circuits.attribution import Read, ScoreParts, centred_scores, layer_read, score_parts
@@ -50,9 +52,7 @@ EDGE_THRESHOLD = 0.1
 # The induction threshold's value: on repeated random tokens both read attention to one offset.
 DUPLICATE_TOKEN_HEAD = 0.3
 KINDS = ("Q", "K", "V")
-SHARE_PARTS = 64  # parts whose score terms are computed at once (per-part calls cost more than the work)
-# ... unless their terms pass this: a part's terms are [batch, pos, pos] in float64, so 64 parts of 32
-# sequences of 1,024 tokens were 17 GiB (a 2-layer model of width 64 took 12 GB in all, 2 min 54 s)
+# the parts' queries or keys widened to float64 at a time, to take their overlaps (score_shares)
 SHARE_BYTES = 2**28
 
 
@@ -106,43 +106,61 @@ def value_shares(
     """Each part's share ``<write_j, write> / |write|^2`` of ``reader``'s write (module docstring;
     ``read``: :func:`layer_read` of its layer, computed when not given).
 
-    Part ``j``'s write is ``L(z_j @ W_O^h)`` with ``z_j = pattern @ v_j`` (``L``: a post-attention
-    norm's linear part, frozen, or nothing), so its overlap with the whole write is taken in
-    ``d_head`` space, ``<z_j, L^T(write) @ W_O^h^T>``: the parts' writes in ``d_model`` (a float64
-    copy of each, once per reader) are never formed. The whole write is the float64 sum of the
-    parts' ``z``, so the shares sum to one to float64 rounding."""
+    Part ``j``'s write is ``L(A v_j W_O^h)`` (``A``: the frozen pattern, ``v_j`` the part's values,
+    ``L``: a post-attention norm's linear part, frozen, or nothing), so its overlap with the whole
+    write is ``<v_j, A^T L^T(write) W_O^h^T>``, taken in ``d_head`` space: neither the parts' writes
+    in ``d_model`` nor their ``z`` (one product with ``A`` per part) are formed. The whole write is
+    made from the float64 sum of the parts' values, so the shares sum to one to float64 rounding."""
     layer, index = parse_head(reader, model.cfg)
     attn = model.blocks[layer].attn
-    pattern = frozen.patterns[layer][:, index]
+    pattern = frozen.patterns[layer][:, index].double()
     names, x = layer_read(model, tokens, layer, frozen) if read is None else read
     v = x @ attn.W_V[index]  # [part, batch, pos, d_head]
     if BIAS in names and attn.b_V is not None:
         v[names.index(BIAS)] += attn.b_V[index]
-    z = (pattern @ v).double()  # [part, batch, pos, d_head]
     out = attn.W_O[index].double()
-    total = post_linear(model, frozen, layer, z.sum(0) @ out, False)  # [batch, pos, d_model]
+    whole = sum(chunk.sum(0) for chunk in _float64_chunks(v))  # [batch, pos, d_head]
+    total = post_linear(model, frozen, layer, pattern @ whole @ out, False)  # [batch, pos, d_model]
     norm = float(total.square().sum())
-    overlaps = (z * (post_linear_adjoint(model, frozen, layer, total) @ out.T)).sum((1, 2, 3)).tolist()
-    return {name: finite(overlap / norm) for name, overlap in zip(names, overlaps, strict=True)}
+    back = pattern.mT @ (post_linear_adjoint(model, frozen, layer, total) @ out.T)
+    return _shares(names, v, back, norm)
 
 
 def score_shares(parts: ScoreParts, side: str) -> dict[str, float | None]:
     """Each part's share of the variation of the reader's scores on the query or the key side: the
-    terms of :data:`SHARE_PARTS` parts against the whole other side at once."""
+    terms of each part against the whole other side, ``T_j = q_j k^T`` (or ``q k_j^T``), each
+    share ``Σ T~_j S~ / Σ S~^2`` as :func:`~qkov.circuits.attribution.variance_shares` defines it.
+
+    ``S~`` (the whole scores, centred over each row's ``src <= dest``, 0 above the diagonal) sums to
+    0 along each row, so ``Σ T~_j S~ = Σ T_j S~``, which is ``<q_j, S~ k>`` (or ``<k_j, S~^T q>``):
+    taken in ``d_head`` space, no part's ``[batch, pos, pos]`` terms are formed. They were, in
+    float64, and a 2-layer model of width 64 on 32 sequences of 1,024 tokens spent 72 s of its
+    circuit graph on them, most of it the system clearing their fresh pages."""
     every_query, every_key = parts.queries.sum(0), parts.keys.sum(0)
     centred_total = centred_scores(every_query @ every_key.mT)
     norm = float(centred_total.square().sum())
-    shares: list[float | None] = []
-    # each part's terms are [batch, pos, pos] (as centred_total): as many parts at once as SHARE_BYTES holds
-    step = max(1, min(SHARE_PARTS, SHARE_BYTES // (centred_total.numel() * centred_total.element_size())))
-    for at in range(0, len(parts.names), step):
-        if side == "Q":
-            terms = parts.queries[at : at + step] @ every_key.mT
-        else:
-            terms = every_query @ parts.keys[at : at + step].mT
-        overlap = (centred_scores(terms) * centred_total).sum((1, 2, 3))
-        shares += [finite(float(value) / norm) for value in overlap]
-    return dict(zip(parts.names, shares, strict=True))
+    if side == "Q":
+        own, through = parts.queries, centred_total @ every_key.double()  # [batch, dest, d_head]
+    else:
+        own, through = parts.keys, centred_total.mT @ every_query.double()  # [batch, src, d_head]
+    return _shares(parts.names, own, through, norm)
+
+
+def _float64_chunks(parts: Float[Tensor, "part batch pos d"]) -> Iterator[Tensor]:
+    """``parts`` in float64, as many parts at a time as ``SHARE_BYTES`` holds."""
+    step = max(1, SHARE_BYTES // (parts[0].numel() * 8))
+    return (parts[at : at + step].double() for at in range(0, len(parts), step))
+
+
+def _shares(
+    names: list[str],
+    parts: Float[Tensor, "part batch pos d"],
+    other: Float[Tensor, "batch pos d"],
+    norm: float,
+) -> dict[str, float | None]:
+    """Each part's float64 inner product with ``other`` over ``norm``, by name."""
+    overlaps = [einsum(c, other, "part batch pos d, batch pos d -> part") for c in _float64_chunks(parts)]
+    return {name: finite(float(o) / norm) for name, o in zip(names, torch.cat(overlaps), strict=True)}
 
 
 def _parts_by_writer(names: list[str]) -> dict[str, list[str]]:
