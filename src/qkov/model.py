@@ -727,9 +727,10 @@ class Transformer(nn.Module):
         if record.wants(result):  # each head's write formed only to be read (see _summed)
             writes = self._head_writes(layer, z)
             writes = writes if scale is None else block.ln1_post.linear(writes, scale[..., None, :])
-            before = writes.clone() if record.hooked(result) else writes  # a hook may change it in place
+            hooked = record.hooked(result)
+            before = writes.clone() if hooked else writes  # a hook may change it in place
             after = record(result, writes)
-            if record.hooked(result):  # the layer's write moves by what the hooks changed: by 0 if nothing
+            if hooked:  # the layer's write moves by what the hooks changed: by 0 if nothing
                 out = out + (after - before).sum(dim=2)
         return record(hook_name(layer, "attn_out"), out)
 

@@ -48,14 +48,14 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def replacement(writes: Float[Tensor, "batch pos n_heads d"], head: int, mode: str) -> Tensor | float:
-    """What ``head``'s write becomes under ``mode`` (:data:`CHOICES`), broadcastable to
-    ``writes[:, :, head]``: 0, its per-position mean ``[pos, d]`` over the batch, or its mean over
-    batch and positions ``[d]``. The heads' ``z`` (``hook_z``) in place of their writes give what
-    their ``z`` becomes, whose product with ``W_O^h`` is the write's replacement."""
+def replacement(heads: Float[Tensor, "batch pos n_heads d"], head: int, mode: str) -> Tensor | float:
+    """What ``head``'s slice of ``heads`` (every head's ``z``, ``hook_z``, or write) becomes under
+    ``mode`` (:data:`CHOICES`), broadcastable to ``heads[:, :, head]``: 0, its per-position mean
+    ``[pos, d]`` over the batch, or its mean over batch and positions ``[d]``. The ablations replace
+    ``z``: its replacement's product with ``W_O^h`` is the write's."""
     if check_mode(mode) == "zero":
         return 0.0
-    return writes[:, :, head].mean(0 if mode == "mean" else (0, 1))
+    return heads[:, :, head].mean(0 if mode == "mean" else (0, 1))
 
 
 @dataclass(frozen=True)
