@@ -623,8 +623,9 @@ class Transformer(nn.Module):
         hook name (:func:`qkov.names.hook_points`) or a filter ``filter(name) -> bool`` and a function
         ``fn(activation, hook)`` that returns the activation to use from there on (activation
         patching), or None to keep it (``hook.name`` is the point's name). With hooks that return
-        None, the logits are :meth:`run_with_cache`'s, bit for bit."""
-        return self.run_with_cache(tokens, fwd_hooks=fwd_hooks)[0]
+        None, the logits are :meth:`run_with_cache`'s, bit for bit. Nothing is cached: each head's
+        write, for one, is formed only where a hook reads it."""
+        return self.run_with_cache(tokens, fwd_hooks=fwd_hooks, names_filter=[])[0]
 
     def block_with_hooks(
         self,
