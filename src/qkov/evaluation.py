@@ -42,6 +42,7 @@ from qkov.circuits.heads import induction_scores, previous_token_scores
 from qkov.config import Config
 from qkov.data.random_tokens import loss_per_repeat, repeated_random_tokens
 from qkov.data.tokens import window_starts, windows_at
+from qkov.hooks import patterns_only
 from qkov.loss import token_losses
 from qkov.model import AttnOnlyTransformer
 from qkov.schedule import EVAL_TOKENS
@@ -163,7 +164,7 @@ def evaluate(model: AttnOnlyTransformer, inputs: EvaluationInputs) -> dict[str, 
     metrics = held_out_metrics(model, inputs.windows, inputs.block)
     if inputs.repeated is not None:
         tokens, period = inputs.repeated, inputs.period
-        logits, cache = model.run_with_cache(tokens)
+        logits, cache = model.run_with_cache(tokens, names_filter=patterns_only)
         losses = token_losses(logits[:, :-1], tokens[:, 1:])
         metrics["repeat_loss_first"], metrics["repeat_loss_second"] = loss_per_repeat(losses, period)
         metrics["induction_score"] = float(induction_scores(cache, period).max())

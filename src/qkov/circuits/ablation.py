@@ -16,7 +16,7 @@ before folding.) The modes, as the field defines them:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -117,6 +117,7 @@ def run_ablated(
     head: int,
     mode: str,
     clean_cache: dict | None = None,
+    names_filter: str | Sequence[str] | Callable[[str], bool] | None = None,
 ) -> tuple[Tensor, dict]:
     """Logits and cache with head ``(layer, head)``'s write replaced as ``mode`` says
     (:func:`replacement`: ``"zero"``, ``"mean"`` per position, ``"batch-mean"``), the means taken
@@ -124,12 +125,15 @@ def run_ablated(
     is replaced (a hook on ``hook_z``): its write ``z_h @ W_O^h`` then takes the means of the
     write as the head makes it, before a norm after the attention where the model has one (whose
     scale is then the ablated layer's), as the stacked reruns (:func:`ablation_effects`) and
-    :mod:`.attribution_patching` replace it."""
+    :mod:`.attribution_patching` replace it. ``names_filter``: what the returned cache keeps, as
+    :meth:`~qkov.model.Transformer.run_with_cache` takes it (None: every activation)."""
     z_name = hook_name(layer, "z")
     if mode == "zero":
         value = replacement(torch.empty(0), head, mode)
     else:
-        clean = clean_cache if clean_cache is not None else model.run_with_cache(tokens, return_type=None)[1]
+        clean = clean_cache
+        if clean is None:
+            clean = model.run_with_cache(tokens, names_filter=z_name, return_type=None)[1]
         value = replacement(clean[z_name], head, mode)
 
     def ablate(z: Tensor, hook: object) -> Tensor:
@@ -137,7 +141,7 @@ def run_ablated(
         z[:, :, head] = value
         return z
 
-    return model.run_with_cache(tokens, fwd_hooks=[(z_name, ablate)])
+    return model.run_with_cache(tokens, fwd_hooks=[(z_name, ablate)], names_filter=names_filter)
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,7 @@ def _bugged_terms(
 ) -> tuple[list[BugTerm], dict[str, float], float]:
     """Every bugged term with what removing it alone saves, each head's saving and the total."""
     cfg = model.cfg
-    logits, cache = model.run_with_cache(tokens)
+    logits, cache = model.run_with_cache(tokens, names_filter=hook_name(0, "pattern"))
     pattern, losses = cache[hook_name(0, "pattern")], _losses(logits, tokens)
     ov = full_ov_circuit(model)[0]
     terms, removals = [], {}

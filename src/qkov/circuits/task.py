@@ -79,13 +79,14 @@ def task_performance(
     (``-100``: no target), and the same with each head zero- and mean-ablated. ``data`` names the
     data in the result."""
     tokens, targets = model.check_tokens(tokens), targets.to(model.device)
-    logits, cache = model.run_with_cache(tokens)
+    # the ablations read the clean run's z alone
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_z"))
     loss, accuracy, probability = scored(logits, targets)
     ablations = []
     for layer in range(model.cfg.n_layers):
         for head in range(model.cfg.n_heads):
             for mode in MODES:
-                ablated, _ = run_ablated(model, tokens, layer, head, mode, cache)
+                ablated, _ = run_ablated(model, tokens, layer, head, mode, cache, names_filter=[])
                 a_loss, a_accuracy, _ = scored(ablated, targets)
                 ablations.append(
                     HeadAblation(

@@ -17,6 +17,7 @@ from qkov.circuits.paths import BIAS, path_expansion
 from qkov.circuits.task import scored
 from qkov.data.user_tokens import IGNORE, next_token_targets
 from qkov.errors import QkovError
+from qkov.hooks import patterns_only
 from qkov.names import head_name, hook_name
 from qkov.serve.explorer import Explorer
 from qkov.serve.jobs import Progress
@@ -46,7 +47,7 @@ def run_text(ex: Explorer, ids: list[int], targets: list[int] | None, progress: 
     tokens = torch.tensor([ids])
     wanted = torch.tensor([targets]) if targets is not None else torch.full_like(tokens, IGNORE)
     with torch.no_grad():
-        logits, cache = ex.model.run_with_cache(tokens)
+        logits, cache = ex.model.run_with_cache(tokens, names_filter=patterns_only)
         losses = F.cross_entropy(logits[0], wanted[0], ignore_index=IGNORE, reduction="none")
     patterns = {}
     for layer in range(ex.cfg.n_layers):
