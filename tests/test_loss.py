@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 import qkov
 from qkov import loss as loss_module
-from qkov.loss import token_losses, unembed_cross_entropy
+from qkov.loss import BLOCK_COLUMNS, BLOCK_ROWS, logit_buffer, row_blocks, token_losses, unembed_cross_entropy
 
 from conftest import random_model
 
@@ -69,12 +71,15 @@ def test_token_losses_are_the_cross_entropy_at_every_position(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("cap", [None, 7.5])
-@pytest.mark.parametrize("rows", [1, 4, 1000])  # a row at a time, blocks with a shorter last one, all rows
-def test_stream_losses_in_a_buffer_equal_the_losses_of_the_logits(dtype, cap, rows):
-    """:meth:`Transformer.stream_losses`, the logits formed a block of positions at a time in one
-    buffer reused from block to block, equals ``token_losses`` of the model's own logits
-    (``unembed``: the final norm, ``b_U`` and the soft-cap when there is one), with a position
-    without a target (-100: loss 0); no gradient, though the weights take one."""
+# (rows, columns) of a block: a row or a column at a time, blocks with a shorter last one (18 rows in
+# blocks of at most 4 are 3, 3, 4, ...; 19 columns in blocks of 5 end with 4), whole rows, all at once
+@pytest.mark.parametrize("block", [(1, 19), (4, 1), (4, 5), (1000, 19), (1000, 7)])
+def test_stream_losses_in_a_buffer_equal_the_losses_of_the_logits(dtype, cap, block):
+    """:meth:`Transformer.stream_losses`, the logits formed a block of positions and outputs at a
+    time in one buffer reused from block to block (each row's logsumexp combined over the blocks of
+    columns), equals ``token_losses`` of the model's own logits (``unembed``: the final norm, ``b_U``
+    and the soft-cap when there is one), with a position without a target (-100: loss 0) and
+    targets in the first and the last column; no gradient, though the weights take one."""
     cfg = qkov.Config(
         n_layers=1, n_heads=2, d_model=8, d_head=4, d_vocab=19, n_ctx=10, normalization="LN",
         output_logits_soft_cap=cap,
@@ -84,9 +89,31 @@ def test_stream_losses_in_a_buffer_equal_the_losses_of_the_logits(dtype, cap, ro
     resid = (torch.randn(3, 6, 8, generator=generator, dtype=torch.float64) * 3).to(dtype)
     targets = torch.randint(0, 19, (3, 6), generator=generator)
     targets[2, 1] = -100
-    buffer = torch.empty(rows, 19, dtype=dtype)
+    targets[0, :2] = torch.tensor([0, 18])
+    buffer = torch.empty(block, dtype=dtype)
     got = model.stream_losses(resid, targets, buffer)
     want = token_losses(model.unembed(resid), targets)
     assert got.dtype == want.dtype and got.shape == targets.shape and got[2, 1] == 0
     assert not got.requires_grad and want.requires_grad
     torch.testing.assert_close(got, want.detach(), rtol=1e-12 if dtype == torch.float64 else 1e-2, atol=1e-12)
+
+
+def test_the_logit_buffer_is_a_block_that_the_losses_fill_whole_rows_of_on_a_gpu_only():
+    """On a CPU the buffer is at most ``BLOCK_ROWS x BLOCK_COLUMNS`` (fewer where the call has fewer
+    rows or outputs); it is reused, so the losses of more rows than it holds still come out right."""
+    W_U = torch.zeros(4, 3 * BLOCK_COLUMNS + 5)
+    assert logit_buffer(10, W_U).shape == (10, BLOCK_COLUMNS)
+    assert logit_buffer(10 * BLOCK_ROWS, W_U).shape == (BLOCK_ROWS, BLOCK_COLUMNS)
+    assert logit_buffer(3, torch.zeros(4, 7)).shape == (3, 7)
+
+
+@given(count=st.integers(0, 10_000), most=st.integers(1, 3000))
+def test_rows_split_into_the_fewest_even_blocks(count, most):
+    """The row blocks (of the losses, and of term importance's first-order terms) cover every row
+    once, in order, each at most ``most`` rows, as few as can be and within one row of each other in
+    size."""
+    blocks = row_blocks(count, most)
+    assert [i for b in blocks for i in range(b.start, b.stop)] == list(range(count))
+    assert len(blocks) == -(-count // most)
+    sizes = [b.stop - b.start for b in blocks]
+    assert all(size <= most for size in sizes) and max(sizes, default=0) - min(sizes, default=0) <= 1

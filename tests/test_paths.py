@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
-from hypothesis import strategies as st
 
 import qkov
 from qkov.circuits import paths
@@ -252,17 +250,6 @@ def test_gpt2_style_term_importance_equals_the_loss_of_path_sums(d_mlp, n_layers
     for order in range(n_layers + 1):
         kept = sum(t for p, t in terms.items() if heads_on(p) <= order)
         assert result.loss_by_order[order] == pytest.approx(ce(kept, tokens), rel=1e-10)
-
-
-@given(count=st.integers(0, 10_000), most=st.integers(1, 3000))
-def test_rows_split_into_the_fewest_even_blocks(count, most):
-    """The first-order losses' row blocks cover every row once, in order, each at most ``most``
-    rows, as few as can be and within one row of each other in size."""
-    blocks = paths._row_blocks(count, most)
-    assert [i for b in blocks for i in range(b.start, b.stop)] == list(range(count))
-    assert len(blocks) == -(-count // most)
-    sizes = [b.stop - b.start for b in blocks]
-    assert all(size <= most for size in sizes) and max(sizes, default=0) - min(sizes, default=0) <= 1
 
 
 @pytest.mark.parametrize("blocks", [(paths.ROWS, paths.COLUMNS), (3, 7)])

@@ -43,7 +43,7 @@ from qkov.errors import QkovError
 from qkov.hooks import patterns_only
 from qkov.interop.fold import circuit_model
 from qkov.linalg import FactoredMatrix
-from qkov.loss import logit_buffer, logsumexp_, row_losses
+from qkov.loss import logit_buffer, logsumexp_, row_blocks, row_losses
 from qkov.model import AttnOnlyTransformer, LayerNorm
 from qkov.names import head_name, hook_name, norm_name, parse_head, scale_hook
 
@@ -332,7 +332,7 @@ def _layer_write(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream:
 
 
 # The first-order losses go through the logits a block of at most ROWS rows (the rows split evenly,
-# :func:`_row_blocks`) and COLUMNS columns at a time, which stays in cache: at GPT-2 small's shapes
+# :func:`qkov.loss.row_blocks`) and COLUMNS columns at a time, which stays in cache: at GPT-2 small's shapes
 # the rank-64 products ran 3x faster so than over whole rows. Many rows by few columns beat few by
 # many: a product 64 deep runs faster on more rows (184-190 against 154-158 GFLOP/s on 2 threads),
 # and the loop's four 1,032 x 512 blocks (2 MiB each) fit in half the cache that 256 x 4096 blocks
@@ -429,7 +429,7 @@ def _first_order(
         column_square.addcmul_(coordinate, coordinate)
     reach = z.norm(dim=2) * column_square.amax(1).sqrt()  # [rows, n_heads]: |z_h @ M_h| at most
     sums = torch.zeros(n_heads + 1, dtype=torch.float64, device=z.device)
-    for rows in _row_blocks(len(direct.logits), ROWS):
+    for rows in row_blocks(len(direct.logits), ROWS):
         lse = _block_logsumexp(direct, rows, z[rows], through, reach[rows].amax(0) <= REACH)
         heads = einsum(z[rows], through[:, :, direct.target[rows]], "row head d, head d row -> head row")
         logit = direct.target_logit[rows] + torch.cat([heads, heads.sum(0, keepdim=True)])
@@ -437,13 +437,6 @@ def _first_order(
     count, base = int(direct.kept.sum()), direct.loss_sum()
     losses = [(base - total) / count for total in sums.tolist()]
     return losses[-1], losses[:-1]
-
-
-def _row_blocks(count: int, most: int) -> list[slice]:
-    """``range(count)`` in the fewest blocks of at most ``most`` rows, as even as can be: 1,032 rows
-    in blocks of at most 1,024 are two of 516, not 1,024 and a block of 8 whose products run slowly."""
-    blocks = -(-count // most)
-    return [slice(count * block // blocks, count * (block + 1) // blocks) for block in range(blocks)]
 
 
 def _block_logsumexp(
