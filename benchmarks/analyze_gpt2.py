@@ -8,7 +8,11 @@ imported with ``qkov import``; then
    wall time and peak resident memory (``/usr/bin/time``), and the batches each behavioural step
    used, read from its results.json; the fp32 matmul rate before and after;
 2. with ``--stages``: the same steps in this process, one at a time (``analyze.STEPS``, the inputs
-   ``analyze`` draws), each step's time, then writing results.json and the report;
+   ``analyze`` draws), each step's time, then writing results.json and the report; with ``--flops``
+   also each step's matrix-product FLOP, counted by ``torch.utils.flop_counter`` in a second pass
+   (from a fresh draw of the same inputs: the counting slows each product, so it is not timed), the
+   rate each step reached, and the time the products alone take at the issue's scale, 100 GFLOP/s
+   a thread (the scaled time's floor: what no code doing this work can beat);
 3. with ``--transformer-lens``: the same work in TransformerLens where it has it, on the same
    inputs: the head scores' cached run, one ablation as a full rerun with a hook (TransformerLens
    has no rerun from a layer; x the number of ablations), and the full OV eigenvalues of one layer
@@ -19,6 +23,7 @@ imported with ``qkov import``; then
     git worktree add --detach /tmp/old-h15 main
     flock /tmp/qkov-heavy.lock python benchmarks/analyze_gpt2.py --old /tmp/old-h15
     flock /tmp/qkov-heavy.lock python benchmarks/analyze_gpt2.py --old /tmp/old-h15 --abba
+    flock /tmp/qkov-heavy.lock python benchmarks/analyze_gpt2.py --stages --flops
                                         # old, new, new, old: a drifting machine favours neither
 """
 
@@ -38,6 +43,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 import qkov
 from import_gpt2 import transformer_lens_import
@@ -102,18 +109,18 @@ def used(out: Path) -> str:
     return "; ".join(lines)
 
 
-def stages(model: qkov.Transformer, out: Path) -> Context:
-    """Every step of ``analyze`` timed alone, then the writing; returns the context (its inputs)."""
+def stages(model: qkov.Transformer, out: Path) -> tuple[Context, dict[str, float]]:
+    """Every step of ``analyze`` timed alone, then the writing; returns the context (its inputs)
+    and each step's seconds."""
     done: dict = {}
     ctx = Context.of(model, None, 0, MappingProxyType(done))
-    total = 0.0
+    seconds: dict[str, float] = {}
     with torch.no_grad():
         for step in A.STEPS:
             if step.skip_reason(model.cfg, has_corpus=False) is not None:
                 continue
-            done[step.name], s, m = measure(lambda step=step: step.run(ctx))
-            total += s
-            print(f"  {step.name:24s} {s:8.2f} s {m / 2**20:8.0f} MiB", flush=True)
+            done[step.name], seconds[step.name], m = measure(lambda step=step: step.run(ctx))
+            print(f"  {step.name:24s} {seconds[step.name]:8.2f} s {m / 2**20:8.0f} MiB", flush=True)
     strings = token_strings(model.tokenizer, model.cfg.d_vocab)
     results = Results(config=model.cfg, tokens=strings, training=[], phase_change=None, **done)
 
@@ -124,8 +131,56 @@ def stages(model: qkov.Transformer, out: Path) -> Context:
 
     _, s, m = measure(write)
     print(f"  {'write results + report':24s} {s:8.2f} s {m / 2**20:8.0f} MiB")
-    print(f"  {'total (steps + writing)':24s} {total + s:8.2f} s")
-    return ctx
+    print(f"  {'total (steps + writing)':24s} {sum(seconds.values()) + s:8.2f} s")
+    return ctx, seconds
+
+
+class ProductFlops(TorchDispatchMode):
+    """The FLOP of every matrix product run inside it, as ``torch.utils.flop_counter`` counts them
+    (its registry). Not ``FlopCounterMode`` itself: its module tracker breaks ``autograd.grad``, which
+    the ablation estimate calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        counted = flop_registry.get(func._overloadpacket)
+        if counted is not None:
+            self.total += counted(*args, **kwargs, out_val=out)
+        return out
+
+
+def flops(model: qkov.Transformer, seconds: dict[str, float], threads: int) -> None:
+    """Each step's matrix-product FLOP (:class:`ProductFlops`: matmuls, linear layers,
+    einsums and attention; not elementwise work, softmax, or LAPACK's eigenvalues), run again from
+    a fresh context, which draws the same inputs from the same seed. Beside the time ``stages``
+    measured: the rate reached, and the floor, the products alone at 100 GFLOP/s a thread."""
+    done: dict = {}
+    ctx = Context.of(model, None, 0, MappingProxyType(done))
+    floor_rate = threads * 100e9
+    total = 0.0
+    with torch.no_grad():
+        for step in A.STEPS:
+            if step.name not in seconds:
+                continue
+            with ProductFlops() as counter:
+                done[step.name] = step.run(ctx)
+            count = counter.total
+            total += count
+            rate = count / seconds[step.name] / 1e9
+            print(
+                f"  {step.name:24s} {count / 1e12:7.3f} TFLOP  {rate:6.0f} GFLOP/s reached  "
+                f"floor {count / floor_rate:6.2f} s",
+                flush=True,
+            )
+    print(
+        f"  {'total':24s} {total / 1e12:7.3f} TFLOP  {total / sum(seconds.values()) / 1e9:6.0f} GFLOP/s "
+        f"reached  floor {total / floor_rate:6.2f} s: the scaled time of these products alone "
+        f"({threads} threads at 100 GFLOP/s each)"
+    )
 
 
 def batches(ctx: Context) -> None:
@@ -173,8 +228,13 @@ def main() -> None:
     add_arguments(parser)
     parser.add_argument("--stages", action="store_true", help="also time each step in this process")
     parser.add_argument("--transformer-lens", action="store_true", help="also time TransformerLens")
+    parser.add_argument(
+        "--flops", action="store_true", help="with --stages: also count each step's matrix-product FLOP"
+    )
     args = parser.parse_args()
     check_arguments(parser, args)
+    if args.flops and not args.stages:
+        parser.error("--flops counts the steps that --stages runs: give both")
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -202,8 +262,11 @@ def main() -> None:
         if args.stages or args.transformer_lens:
             print("qkov analyze, step by step:")
             model = qkov.load(folder / "qkov").eval()
-            ctx = stages(model, folder / "steps")
+            ctx, seconds = stages(model, folder / "steps")
             batches(ctx)
+            if args.flops:
+                print("matrix products by step (counted in a second pass, not timed):")
+                flops(model, seconds, args.threads)
         if args.transformer_lens:
             print("TransformerLens, the same work where it has it:")
             transformer_lens(ctx, folder / "hf", hf_config)
