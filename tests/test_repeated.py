@@ -14,8 +14,10 @@ import torch
 import qkov
 from qkov.circuits.heads import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD
 from qkov.circuits.repeated import repeated_token_behaviour
-from qkov.data.random_tokens import repeated_random_tokens
+from qkov.data.random_tokens import loss_per_repeat, repeated_random_tokens
+from qkov.loss import token_losses
 
+from conftest import random_model
 from handbuilt import induction_model
 
 V, PERIOD, REPEATS = 11, 4, 3
@@ -100,3 +102,21 @@ def test_the_standard_errors_are_the_sequences_spread():
     drops = torch.tensor([r.loss_per_repeat[0] - r.loss_per_repeat[1] for r in alone], dtype=torch.float64)
     assert result.repeat_drop_se == pytest.approx(float(drops.std() / 6**0.5), rel=1e-6)
     assert all(r.repeat_drop_se is None and r.heads[0].previous_token_score_se is None for r in alone)
+
+
+@pytest.mark.parametrize("bos_token_id", [None, 0])
+def test_the_loss_per_repeat_is_the_models_own_from_its_logits(bos_token_id):
+    """The losses, read off the final stream a block at a time, are those of the model's own logits
+    (LayerNorm, biases, a start token or none), in float64."""
+    cfg = qkov.Config(2, 2, 8, 4, V, 14, normalization="LN", bos_token_id=bos_token_id)
+    model = random_model(cfg, biases=True).double()
+    tokens = repeated_random_tokens(5, PERIOD, REPEATS, V, torch.Generator().manual_seed(2), bos_token_id)
+    start = int(bos_token_id is not None)
+    result = repeated_token_behaviour(model, tokens, PERIOD, REPEATS, bos_token_id)
+    with torch.no_grad():
+        losses = token_losses(model(tokens)[:, start:-1], tokens[:, start + 1 :])
+    assert result.loss_per_repeat == pytest.approx(loss_per_repeat(losses, PERIOD), rel=1e-12)
+    drops = torch.tensor(
+        [r[0] - r[1] for r in (loss_per_repeat(row, PERIOD) for row in losses)], dtype=torch.float64
+    )
+    assert result.repeat_drop_se == pytest.approx(float(drops.std() / 5**0.5), rel=1e-9)

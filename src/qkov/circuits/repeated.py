@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
-from qkov.circuits.ablation import repeat_behaviour
 from qkov.circuits.heads import (
     INDUCTION_HEAD,
     PREVIOUS_TOKEN_HEAD,
@@ -29,9 +28,9 @@ from qkov.circuits.heads import (
 )
 from qkov.data.random_tokens import loss_per_repeat
 from qkov.hooks import patterns_only
-from qkov.loss import token_losses
+from qkov.loss import logit_buffer
 from qkov.model import AttnOnlyTransformer
-from qkov.names import head_name
+from qkov.names import head_name, hook_name
 from qkov.numbers import finite
 
 
@@ -85,12 +84,17 @@ def repeated_token_behaviour(
     """The loss per repeat and every head's scores on ``tokens``, sequences repeating every
     ``period`` positions (``repeats`` times), after the start token ``bos_token_id`` when given
     (``tokens[:, 0]``), whose position then counts for no score and no loss."""
-    # the scores read the patterns alone: every head's write (at Llama-3.2-1B's shapes 4 MiB a token)
-    # is not kept
-    logits, cache = model.run_with_cache(tokens, names_filter=patterns_only)
+    # the scores read the patterns alone (every head's write, at Llama-3.2-1B's shapes 4 MiB a token,
+    # is not kept), the losses the final stream, unembedded a block at a time (no logits tensor)
+    final = hook_name(model.cfg.n_layers - 1, "resid_post")
+    _, cache = model.run_with_cache(
+        tokens, names_filter=lambda name: patterns_only(name) or name == final, return_type=None
+    )
     start = int(bos_token_id is not None)
-    behaviour = repeat_behaviour(logits, cache, tokens, period, start)
+    stream, targets = cache.pop(final)[:, start:-1], tokens[:, start + 1 :]
+    losses = model.stream_losses(stream, targets, logit_buffer(targets.numel(), model.W_U))
     repeats_only = after_start(cache, start)
+    induction = induction_scores(repeats_only, period)
     previous, duplicate = previous_token_scores(repeats_only), duplicate_token_scores(repeats_only, period)
     previous_se, induction_se = (_standard_error(repeats_only, score) for score in (
         previous_token_scores, lambda c: induction_scores(c, period)))  # fmt: skip
@@ -100,7 +104,7 @@ def repeated_token_behaviour(
             layer=layer,
             head=head,
             previous_token_score=finite(previous[layer, head]),
-            induction_score=finite(behaviour.induction[layer][head]),
+            induction_score=finite(induction[layer, head]),
             duplicate_token_score=finite(duplicate[layer, head]),
             previous_token_score_se=None if previous_se is None else finite(previous_se[layer, head]),
             induction_score_se=None if induction_se is None else finite(induction_se[layer, head]),
@@ -111,14 +115,14 @@ def repeated_token_behaviour(
         period=period,
         repeats=repeats,
         sequences=tokens.shape[0],
-        loss_per_repeat=behaviour.loss_per_repeat,
+        loss_per_repeat=loss_per_repeat(losses, period),
         heads=heads,
         previous_token_threshold=PREVIOUS_TOKEN_HEAD,
         induction_threshold=INDUCTION_HEAD,
         previous_token_heads=[h.name for h in heads if (h.previous_token_score or 0) > PREVIOUS_TOKEN_HEAD],
         induction_heads=[h.name for h in heads if (h.induction_score or 0) > INDUCTION_HEAD],
         bos_token_id=bos_token_id,
-        repeat_drop_se=_drop_error(logits[:, start:], tokens[:, start:], period),
+        repeat_drop_se=_drop_error(losses, period),
     )
 
 
@@ -132,11 +136,12 @@ def _standard_error(cache: dict, score: Callable[[dict], Tensor]) -> Tensor | No
     return each.double().std(0) / batch**0.5
 
 
-def _drop_error(logits: Tensor, tokens: Tensor, period: int) -> float | None:
-    """The standard error over the sequences of the loss's drop from the first repeat to the second."""
-    if tokens.shape[0] < 2:
+def _drop_error(losses: Float[Tensor, "batch pos"], period: int) -> float | None:
+    """The standard error over the sequences of the loss's drop from the first repeat to the second,
+    from each position's next-token loss (on the repeats)."""
+    if losses.shape[0] < 2:
         return None
-    per_sequence = [loss_per_repeat(row, period) for row in token_losses(logits[:, :-1], tokens[:, 1:])]
+    per_sequence = [loss_per_repeat(row, period) for row in losses]
     if len(per_sequence[0]) < 2:
         return None
     drops = [r[0] - r[1] for r in per_sequence]
