@@ -22,6 +22,7 @@ import torch
 
 import qkov
 from qkov.circuits import paths
+from qkov.loss import row_blocks
 from qkov.recipes import recipe
 
 from peak_memory import measure
@@ -40,7 +41,7 @@ def first_order(shape: str, blocks: tuple[int, int], repeats: int = 3) -> None:
     within = torch.ones(heads, dtype=torch.bool)
 
     def one_layer() -> None:
-        for block in paths._row_blocks(1032, paths.ROWS):
+        for block in row_blocks(1032, paths.ROWS):
             paths._block_logsumexp(direct, block, z[block], through, within)
 
     runs = {(paths.ROWS, paths.COLUMNS): [], blocks: []}
