@@ -21,7 +21,7 @@ GPU_CHUNK_BYTES = 2**30
 # :func:`row_losses` forms the logits in one buffer reused from call to call, a block of at most
 # BLOCK_ROWS rows by BLOCK_COLUMNS columns on a CPU, which stays in cache: against whole rows (the
 # logits of 1,040 tokens at GPT-2's 50,257 outputs are 209 MB, written to memory and read back) the
-# losses took 0.80x the time at GPT-2 small's shapes and 0.88-0.94x at Llama-3.2-1B's, 2 threads
+# losses took 0.67-0.71x the time at GPT-2 small's shapes and 0.95x at Llama-3.2-1B's, 2 threads
 # (benchmarks/README.md, "Losses a block of columns at a time"). A GPU takes whole rows, at most
 # GPU_LOGIT_BYTES of them: a block this small would be too small a product to fill it.
 BLOCK_ROWS, BLOCK_COLUMNS = 2048, 1024

@@ -333,12 +333,13 @@ def _layer_write(model: AttnOnlyTransformer, frozen: Frozen, layer: int, stream:
 
 
 # The first-order losses go through the logits a block of at most ROWS rows (the rows split evenly,
-# :func:`qkov.loss.row_blocks`) and COLUMNS columns at a time, which stays in cache: at GPT-2 small's shapes
-# the rank-64 products ran 3x faster so than over whole rows. Many rows by few columns beat few by
-# many: a product 64 deep runs faster on more rows (184-190 against 154-158 GFLOP/s on 2 threads),
-# and the loop's four 1,032 x 512 blocks (2 MiB each) fit in half the cache that 256 x 4096 blocks
-# take. At GPT-2 small's and Llama-3.2-1B's shapes they took 0.85-0.89x the time of 256 x 4096
-# blocks (benchmarks/paths.py --first-order), and 0.52-0.57x minutes before on a busier machine.
+# :func:`qkov.loss.row_blocks`) and COLUMNS columns at a time, which stays in cache: at GPT-2
+# small's shapes the rank-64 products ran 3x faster so than over whole rows. Many rows by few
+# columns beat few by many: a product 64 deep runs faster on more rows (184-190 against 154-158
+# GFLOP/s on 2 threads), and the loop's four 1,032 x 512 blocks (2 MiB each) fit in half the cache
+# that 256 x 4096 blocks take. At GPT-2 small's and Llama-3.2-1B's shapes they took 0.85-0.89x the
+# time of 256 x 4096 blocks (benchmarks/paths.py --first-order), and 0.52-0.57x minutes before on a
+# busier machine.
 ROWS, COLUMNS = 2048, 512
 # A head whose logit terms are at most REACH nats in size on a block of rows (Cauchy-Schwarz, row by
 # row) has its logsumexp summed in exp space: exp(term) times the direct path's exp(logit - row
@@ -350,8 +351,9 @@ REACH, FLOOR = 10.0, 60.0
 # Those exponentials are taken in base 2, exp(t) = 2^(t log2 e), with log2 e folded into the heads'
 # z (a few thousand numbers a block) rather than a pass over the terms: torch's exp2 on a CPU took
 # 0.6x the time of its exp (0.38 against 0.61 ms a 1,032 x 512 block, one thread, AVX2), and the
-# exponentials were a quarter of term importance's time at GPT-2 small's shapes. The terms then
-# differ from the natural ones by float rounding (an ulp of the scaled z).
+# exponentials took 6.7 s of term importance's 47 at GPT-2 small's shapes (cProfile); the loop took
+# 0.79-0.81x the time (benchmarks/paths.py --first-order). The terms then differ from the natural
+# ones by float rounding (an ulp of the scaled z).
 LOG2E, LN2 = math.log2(math.e), math.log(2.0)
 
 
