@@ -207,10 +207,10 @@ def _last_mlp_run(model: AttnOnlyTransformer, tokens: Int[Tensor, "batch pos"]) 
     tokens = model.check_tokens(tokens)
     # only what the split reads is kept: the whole cache would hold every head's write of every layer
     # (460 MB by the shapes at GPT-2 small's on 8 x 130 tokens)
-    read = {hook_name(last, point) for point in ("resid_pre", "resid_mid")}
-    read |= {scale_hook(norm_name(last, "ln2")), scale_hook(norm_name(None, "ln_final"))}
+    kept = {hook_name(last, point) for point in ("resid_pre", "resid_mid")}
+    kept |= {scale_hook(norm_name(last, "ln2")), scale_hook(norm_name(None, "ln_final"))}
     with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens, names_filter=read.__contains__)
+        logits, cache = model.run_with_cache(tokens, names_filter=kept.__contains__)
         resid_mid = cache[hook_name(last, "resid_mid")]
         block = model.blocks[last]  # a parallel block's MLP reads the stream before its attention
         read = cache[hook_name(last, "resid_pre")] if block.parallel else resid_mid
